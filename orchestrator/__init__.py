@@ -1,0 +1,1 @@
+"""The orchestrator side of caliban-drain, and ``drainctl``, its command line."""

@@ -1,0 +1,116 @@
+"""A blocking client of the control protocol, for ``drainctl agents`` and the Celery tasks.
+
+It speaks raw lines (``call_raw``) for tests of malformed input, and typed requests
+(``call``) for everything else, over the Unix socket or TLS with a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any, Self
+
+from worker_agent import proto
+
+
+class ControlError(Exception):
+    """The daemon answered with an ``error`` reply."""
+
+    def __init__(self, body: proto.ErrorBody) -> None:
+        super().__init__(f"{body.kind}: {body.message}")
+        self.body = body
+
+
+class SupervisorClient:
+    def __init__(
+        self,
+        *,
+        socket_path: Path | None = None,
+        address: tuple[str, int] | None = None,
+        token: str | None = None,
+        cafile: Path | None = None,
+        server_hostname: str | None = None,
+        timeout: float | None = 60.0,
+    ) -> None:
+        if (socket_path is None) == (address is None):
+            raise ValueError("give exactly one of socket_path or address")
+        self._token = token
+        raw: socket.socket
+        if socket_path is not None:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.settimeout(timeout)
+            try:
+                raw.connect(str(socket_path))
+            except OSError as exc:
+                raw.close()
+                raise ConnectionError(
+                    f"cannot connect to the daemon at {socket_path}: {exc.strerror or exc}"
+                ) from None
+            self._sock: socket.socket = raw
+        else:
+            assert address is not None
+            context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+            raw = socket.create_connection(address, timeout=timeout)
+            self._sock = context.wrap_socket(raw, server_hostname=server_hostname or address[0])
+        self._file = self._sock.makefile("rwb")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+    def call_raw(self, line: bytes) -> dict[str, Any]:
+        """Send one raw line (newline added if missing) and return the decoded reply."""
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        self._file.write(line)
+        self._file.flush()
+        reply = self._file.readline()
+        if not reply:
+            raise ConnectionError("the daemon closed the connection")
+        decoded: dict[str, Any] = json.loads(reply)
+        return decoded
+
+    def call(self, kind: str, **fields: Any) -> proto.Reply:
+        """Send a request; return the reply, or raise ``ControlError`` for an error reply."""
+        message: dict[str, Any] = {"kind": kind, **fields}
+        if self._token is not None:
+            message["token"] = self._token
+        reply = proto.parse_reply(json.dumps(self.call_raw(json.dumps(message).encode())))
+        if isinstance(reply, proto.ErrorReply):
+            raise ControlError(reply.error)
+        return reply
+
+    # Typed conveniences: each returns the reply the protocol table promises.
+
+    def list(self) -> list[proto.AgentRecord]:
+        reply = self.call("list")
+        assert isinstance(reply, proto.Listed)
+        return reply.agents
+
+    def spawn(self, **spec: Any) -> proto.Spawned:
+        reply = self.call("spawn", spec=spec)
+        assert isinstance(reply, proto.Spawned)
+        return reply
+
+    def drain(self, grace_secs: float) -> list[proto.ResumeRef]:
+        reply = self.call("drain", grace_secs=grace_secs)
+        assert isinstance(reply, proto.Drained)
+        return reply.agents
+
+    def resume(self, session_dir: str) -> proto.Resumed:
+        reply = self.call("resume", session_dir=session_dir)
+        assert isinstance(reply, proto.Resumed)
+        return reply
+
+    def status(self) -> proto.StatusReply:
+        reply = self.call("status")
+        assert isinstance(reply, proto.StatusReply)
+        return reply

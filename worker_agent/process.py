@@ -1,0 +1,134 @@
+"""Worker processes: building the command line from the template, starting, signalling
+and reaping them without a thread per child.
+
+Each worker runs in its own session (so a terminal's Ctrl-C reaches the daemon, which
+drains, and not the workers directly), with stdout appended to the agent's
+``stdout.ndjson`` and stderr to ``stderr.log``. Exit is observed through a pidfd on
+the event loop, so a hundred agents cost a hundred file descriptors, not threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+
+class LaunchError(Exception):
+    """The worker command could not be started; the message says why."""
+
+
+def render_command(template: str, values: Mapping[str, str]) -> list[str]:
+    """Split the template like a shell would, then fill each word; empty words vanish."""
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise LaunchError(f"worker command template {template!r} cannot be split: {exc}") from None
+    argv: list[str] = []
+    for word in words:
+        try:
+            filled = word.format_map(values)
+        except (KeyError, ValueError, IndexError) as exc:
+            raise LaunchError(
+                f"worker command template word {word!r} has an unknown placeholder: {exc}"
+            ) from None
+        if filled:
+            argv.append(filled)
+    if not argv:
+        raise LaunchError("worker command template renders to an empty command")
+    return argv
+
+
+class WorkerProcess:
+    """One running worker. ``exited`` resolves to its return code (negative: a signal)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            loop.create_task(self._poll())
+        else:
+            loop.add_reader(self._pidfd, self._reap)
+
+    @classmethod
+    def start(
+        cls,
+        argv: list[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stdout: Path,
+        stderr: Path,
+    ) -> WorkerProcess:
+        out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start worker {argv[0]!r}: {exc.strerror or exc}") from None
+        finally:
+            os.close(out)
+            os.close(err)
+        return cls(popen)
+
+    def _reap(self) -> None:
+        code = self._popen.poll()
+        if code is None:
+            return
+        self._close_pidfd()
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    async def _poll(self) -> None:
+        while (code := self._popen.poll()) is None:
+            await asyncio.sleep(0.05)
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal the worker unless it has already been reaped (never a recycled pid)."""
+        if self.exited.done():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.send_signal(sig)
+
+    async def wait(self, timeout: float | None) -> int | None:
+        """The exit code, or None if the worker is still running after ``timeout``."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
+        except TimeoutError:
+            return None
+
+    async def terminate(self, grace: float) -> int:
+        """SIGTERM, then SIGKILL if the worker outlives ``grace``; return the exit code."""
+        self.signal(signal.SIGTERM)
+        code = await self.wait(grace)
+        if code is None:
+            self.signal(signal.SIGKILL)
+            code = await self.exited
+        return code

@@ -1,0 +1,341 @@
+"""Wire types of the supervisor's NDJSON control protocol, and nothing else.
+
+One request object per line, one reply per request, tagged by ``"kind"`` in snake_case.
+The verbs and field names are those of caliban's supervisor protocol, so a caliban
+client speaks to this daemon; ``drain`` and ``resume`` are the additions of ADR 0057.
+``registry`` holds live state, ``store`` the on-disk layout, ``server`` the accept loop.
+
+Requests are strict (a mistyped or unknown field is an error naming it); the spawn spec
+ignores fields it does not know, so a richer caliban ``SpawnSpec`` still spawns.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MAX_LINE_BYTES = 1024 * 1024
+"""The longest request line the daemon reads; a longer one is refused and skipped."""
+
+MAX_GRACE_SECS = 3600.0
+
+
+class AgentStatus(StrEnum):
+    SPAWNING = "spawning"
+    RUNNING = "running"
+    IDLE = "idle"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    KILLED = "killed"
+    DONE = "done"
+    FAILED = "failed"
+    CRASHED = "crashed"
+
+    @property
+    def live(self) -> bool:
+        """A live agent has (or is about to have) a worker process."""
+        return self in _LIVE
+
+
+_LIVE = frozenset(
+    {AgentStatus.SPAWNING, AgentStatus.RUNNING, AgentStatus.IDLE, AgentStatus.DRAINING}
+)
+
+
+class ErrorKind(StrEnum):
+    NOT_FOUND = "not_found"
+    INVALID_STATE = "invalid_state"
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SpawnSpec(BaseModel):
+    """How to start an agent. Unknown fields are ignored for forward compatibility."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    name: str | None = None
+    initial_prompt: str | None = None
+    provider: str = "scripted"
+    model: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    resume_session: str | None = None
+    """A session dir (absolute, or relative to the store) whose conversation to continue."""
+
+
+class AgentRecord(_Wire):
+    """What the daemon knows of one agent; persisted as ``manifest.json``.
+
+    Pids are deliberately not part of the record, so a restarted daemon never signals a
+    stale pid: a formerly live agent comes back ``crashed`` and is resumed, not adopted.
+    """
+
+    id: str
+    status: AgentStatus
+    spec: SpawnSpec
+    session_dir: str
+    created_at: float
+    updated_at: float
+    turns: int = 0
+    exit: int | None = None
+    idle_since: float | None = None
+    error: str | None = None
+
+
+class ResumeRef(_Wire):
+    """One agent's checkpoint: where its conversation is and what it holds."""
+
+    id: str
+    session_dir: str
+    turns: int
+    session_sha256: str | None
+    clean: bool
+    exit: int | None
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Request(_Wire):
+    token: str | None = None
+    """Bearer token; required on the network transport, ignored on the Unix socket."""
+
+
+class ListRequest(_Request):
+    kind: Literal["list"]
+
+
+class SpawnRequest(_Request):
+    kind: Literal["spawn"]
+    spec: SpawnSpec
+
+
+class AttachRequest(_Request):
+    kind: Literal["attach"]
+    id: str
+
+
+class KillRequest(_Request):
+    kind: Literal["kill"]
+    id: str
+
+
+class RespawnRequest(_Request):
+    kind: Literal["respawn"]
+    id: str
+
+
+class RmRequest(_Request):
+    kind: Literal["rm"]
+    id: str
+    force: bool = False
+
+
+class StatusRequest(_Request):
+    kind: Literal["status"]
+
+
+class ShutdownRequest(_Request):
+    kind: Literal["shutdown"]
+
+
+class ReportStatusRequest(_Request):
+    kind: Literal["report_status"]
+    id: str
+    status: Literal["running", "idle"]
+    turns: int | None = Field(default=None, ge=0)
+
+
+class DrainRequest(_Request):
+    kind: Literal["drain"]
+    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS)
+
+
+class ResumeRequest(_Request):
+    kind: Literal["resume"]
+    session_dir: str = Field(min_length=1)
+
+
+Request = Annotated[
+    ListRequest
+    | SpawnRequest
+    | AttachRequest
+    | KillRequest
+    | RespawnRequest
+    | RmRequest
+    | StatusRequest
+    | ShutdownRequest
+    | ReportStatusRequest
+    | DrainRequest
+    | ResumeRequest,
+    Field(discriminator="kind"),
+]
+REQUEST_KINDS = (
+    "list", "spawn", "attach", "kill", "respawn", "rm", "status", "shutdown",
+    "report_status", "drain", "resume",
+)  # fmt: skip
+_request_adapter: TypeAdapter[Request] = TypeAdapter(Request)
+
+# ---------------------------------------------------------------------------- replies
+
+
+class Listed(_Wire):
+    kind: Literal["listed"] = "listed"
+    agents: list[AgentRecord]
+
+
+class Spawned(_Wire):
+    kind: Literal["spawned"] = "spawned"
+    id: str
+    endpoint: str
+
+
+class AttachAck(_Wire):
+    kind: Literal["attach_ack"] = "attach_ack"
+    endpoint: str
+
+
+class Killed(_Wire):
+    kind: Literal["killed"] = "killed"
+    id: str
+    exit: int | None = None
+
+
+class Respawned(_Wire):
+    kind: Literal["respawned"] = "respawned"
+    id: str
+
+
+class Removed(_Wire):
+    kind: Literal["removed"] = "removed"
+    id: str
+
+
+class StatusReply(_Wire):
+    kind: Literal["status"] = "status"
+    pid: int
+    agents: int
+    uptime_secs: float
+    endpoint: str
+
+
+class ShutdownAck(_Wire):
+    kind: Literal["shutdown_ack"] = "shutdown_ack"
+
+
+class StatusReported(_Wire):
+    kind: Literal["status_reported"] = "status_reported"
+
+
+class Drained(_Wire):
+    kind: Literal["drained"] = "drained"
+    agents: list[ResumeRef]
+
+
+class Resumed(_Wire):
+    kind: Literal["resumed"] = "resumed"
+    id: str
+    endpoint: str
+
+
+class ErrorBody(_Wire):
+    kind: ErrorKind
+    message: str
+    id: str | None = None
+
+
+class ErrorReply(_Wire):
+    kind: Literal["error"] = "error"
+    error: ErrorBody
+
+
+Reply = Annotated[
+    Listed
+    | Spawned
+    | AttachAck
+    | Killed
+    | Respawned
+    | Removed
+    | StatusReply
+    | ShutdownAck
+    | StatusReported
+    | Drained
+    | Resumed
+    | ErrorReply,
+    Field(discriminator="kind"),
+]
+_reply_adapter: TypeAdapter[Reply] = TypeAdapter(Reply)
+
+
+class ProtocolError(Exception):
+    """A request the daemon refuses; becomes an ``error`` reply and nothing else."""
+
+    def __init__(self, kind: ErrorKind, message: str, agent_id: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.agent_id = agent_id
+
+    def reply(self) -> ErrorReply:
+        return ErrorReply(error=ErrorBody(kind=self.kind, message=self.message, id=self.agent_id))
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"][1:] if p not in REQUEST_KINDS) or "request"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode_line(line: bytes | str) -> dict[str, Any]:
+    """The JSON object on one line, or ``ProtocolError(bad_request)`` saying why not."""
+    try:
+        obj: Any = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorKind.BAD_REQUEST, f"request is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(
+            ErrorKind.BAD_REQUEST,
+            f"request must be a JSON object, got {type(obj).__name__}",
+        )
+    return obj
+
+
+def validate_request(obj: dict[str, Any]) -> Request:
+    """A typed request, or ``ProtocolError(bad_request)`` naming each faulty field."""
+    kind = obj.get("kind")
+    if not isinstance(kind, str):
+        raise ProtocolError(ErrorKind.BAD_REQUEST, "request has no string field 'kind'")
+    if kind not in REQUEST_KINDS:
+        raise ProtocolError(
+            ErrorKind.BAD_REQUEST,
+            f"unknown request kind {kind!r}; expected one of {', '.join(REQUEST_KINDS)}",
+        )
+    try:
+        return _request_adapter.validate_python(obj)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorKind.BAD_REQUEST, f"bad {kind} request: {_describe(exc)}") from None
+
+
+def parse_request(line: bytes | str) -> Request:
+    return validate_request(decode_line(line))
+
+
+def encode(message: BaseModel) -> bytes:
+    """One NDJSON line."""
+    return message.model_dump_json().encode() + b"\n"
+
+
+def parse_reply(line: bytes | str) -> Reply:
+    return _reply_adapter.validate_json(line)

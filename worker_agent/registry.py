@@ -1,0 +1,84 @@
+"""Live state: which agents the daemon knows, their status, and their worker processes.
+
+The registry is the only place an ``AgentRecord`` changes. Every lifecycle transition
+(spawn, exit, drain, kill, crash on reload) is persisted durably; the frequent
+``running`` ⇄ ``idle`` reports are persisted atomically but without fsync, because a
+restarted daemon turns every live agent into ``crashed`` whatever its last report said.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker_agent.process import WorkerProcess
+from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError
+from worker_agent.store import Store
+
+
+@dataclass
+class Agent:
+    record: AgentRecord
+    process: WorkerProcess | None = None
+    stop_reason: AgentStatus | None = None
+    """Set by the daemon before it signals the worker: ``killed`` or ``drained``."""
+    force_killed: bool = field(default=False)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def live(self) -> bool:
+        return self.record.status.live
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._agents: dict[str, Agent] = {}
+
+    def reload(self) -> list[str]:
+        """Load every manifest; formerly live agents become ``crashed``. Returns their ids."""
+        crashed = []
+        for record in self.store.load_manifests():
+            agent = Agent(record)
+            self._agents[record.id] = agent
+            if record.status.live:
+                self.update(agent, status=AgentStatus.CRASHED, idle_since=None)
+                crashed.append(record.id)
+        return crashed
+
+    def __iter__(self) -> Iterator[Agent]:
+        return iter(sorted(self._agents.values(), key=lambda a: a.record.created_at))
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def add(self, record: AgentRecord) -> Agent:
+        agent = Agent(record)
+        self._agents[record.id] = agent
+        self.store.save_manifest(record)
+        return agent
+
+    def get(self, agent_id: str) -> Agent:
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise ProtocolError(ErrorKind.NOT_FOUND, f"no agent {agent_id!r}", agent_id)
+        return agent
+
+    def find(self, agent_id: str) -> Agent | None:
+        return self._agents.get(agent_id)
+
+    def remove(self, agent_id: str) -> None:
+        self._agents.pop(agent_id, None)
+
+    def update(self, agent: Agent, *, durable: bool = True, **changes: Any) -> None:
+        changes["updated_at"] = time.time()
+        agent.record = agent.record.model_copy(update=changes)
+        self.store.save_manifest(agent.record, durable=durable)
+
+    def live(self) -> list[Agent]:
+        return [a for a in self if a.live]

@@ -1,0 +1,201 @@
+"""The accept loop: NDJSON over a Unix socket (local) and over TCP with TLS (network).
+
+Each connection is served in its own task, one request at a time, one reply per
+request, so a long drain on one connection never holds up ``list`` on another. A bad
+line gets an ``error`` reply and the connection stays usable; a line over 1 MiB is
+skipped to its newline. On the network transport every request carries the bearer
+token, compared in constant time, before anything else about it is looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import ssl
+import stat
+from pathlib import Path
+
+from worker_agent import proto
+from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
+from worker_agent.settings import DaemonSettings
+from worker_agent.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(Exception):
+    """The daemon cannot start with these settings; the message says what to change."""
+
+
+class _LineTooLong:
+    pass
+
+
+async def read_request_line(reader: asyncio.StreamReader) -> bytes | _LineTooLong | None:
+    """The next line; ``_LineTooLong`` after skipping an over-long one; None at EOF."""
+    skipping = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            return None if skipping or not exc.partial.strip() else exc.partial
+        except asyncio.LimitOverrunError as exc:
+            skipping = True
+            await reader.readexactly(exc.consumed)
+            continue
+        return _LineTooLong() if skipping else line
+
+
+def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS certificate {cert} / key {key}: {exc}") from None
+    return context
+
+
+def _read_token(path: Path) -> bytes:
+    try:
+        token = path.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ConfigError(f"token file {path} must hold a token of at least 16 characters")
+    return token
+
+
+class ControlServer:
+    def __init__(self, settings: DaemonSettings, supervisor: Supervisor) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        self._servers: list[asyncio.Server] = []
+        self._token: bytes | None = None
+        self._tls: ssl.SSLContext | None = None
+        if settings.listen is not None:
+            if settings.token_file is None or settings.tls_cert is None or not settings.tls_key:
+                raise ConfigError(
+                    "--listen needs --token-file, --tls-cert and --tls-key: the network "
+                    "transport is TLS with a bearer token only"
+                )
+            self._token = _read_token(settings.token_file)
+            self._tls = _tls_context(settings.tls_cert, settings.tls_key)
+
+    async def start(self) -> None:
+        path = self.supervisor.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            unix = await asyncio.start_unix_server(
+                self._serve_local, path=str(path), limit=MAX_LINE_BYTES + 1
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        self._servers.append(unix)
+        log.info("listening endpoint=unix:%s", path)
+        if self.settings.listen is not None:
+            host, _, port = self.settings.listen.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"--listen {self.settings.listen!r} is not HOST:PORT")
+            tcp = await asyncio.start_server(
+                self._serve_network,
+                host=host.strip("[]"),
+                port=int(port),
+                ssl=self._tls,
+                limit=MAX_LINE_BYTES + 1,
+            )
+            self._servers.append(tcp)
+            log.info("listening endpoint=tls:%s", self.settings.listen)
+
+    def bound_port(self) -> int | None:
+        """The TCP port actually bound (useful with ``--listen HOST:0``)."""
+        for server in self._servers[1:]:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return None
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        with contextlib.suppress(FileNotFoundError):
+            self.supervisor.socket_path.unlink()
+
+    async def _serve_local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._serve(reader, writer, network=False)
+
+    async def _serve_network(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await self._serve(reader, writer, network=True)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, network: bool
+    ) -> None:
+        try:
+            while True:
+                line = await read_request_line(reader)
+                if line is None:
+                    break
+                reply = await self._answer(line, network=network)
+                writer.write(proto.encode(reply))
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, line: bytes | _LineTooLong, *, network: bool) -> proto.Reply:
+        try:
+            if isinstance(line, _LineTooLong):
+                raise ProtocolError(
+                    ErrorKind.BAD_REQUEST, f"request line exceeds {MAX_LINE_BYTES} bytes; skipped"
+                )
+            obj = proto.decode_line(line)
+            if network:
+                self._authorize(obj.get("token"))
+            request = proto.validate_request(obj)
+            return await self.supervisor.handle(request)
+        except ProtocolError as exc:
+            log.info("request_refused kind=%s message=%s", exc.kind, exc.message)
+            return exc.reply()
+        except Exception as exc:
+            log.exception("request_failed")
+            return ProtocolError(ErrorKind.INTERNAL, f"internal error: {exc}").reply()
+
+    def _authorize(self, token: object) -> None:
+        assert self._token is not None
+        offered = token.encode() if isinstance(token, str) else b""
+        if not hmac.compare_digest(offered, self._token):
+            raise ProtocolError(ErrorKind.UNAUTHORIZED, "missing or wrong bearer token")
+
+
+async def run_daemon(settings: DaemonSettings) -> None:
+    """Serve until SIGTERM, SIGINT or ``shutdown``; then drain every agent and exit."""
+    supervisor = Supervisor(settings)
+    supervisor.open()
+    server = ControlServer(settings, supervisor)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.stopping.set)
+    log.info("daemon_ready pid=%d store=%s", os.getpid(), supervisor.store.root)
+    await supervisor.stopping.wait()
+    log.info("daemon_stopping drain_grace_secs=%s", settings.drain_grace_secs)
+    await supervisor.close()
+    await server.close()
+    log.info("daemon_stopped")

@@ -1,0 +1,143 @@
+"""The resumable conversation file, ``session.json``, shared by the daemon and workers.
+
+The worker writes it after every completed turn; the daemon verifies it when it drains
+(parses, checks the shape, hashes the bytes) and before it resumes an agent. Standard
+library only: the reference worker imports this module and must start fast.
+
+Invariant: a ``session.json`` on disk is always a whole, previously written version,
+because every write goes to a temporary file that is fsynced and then renamed over the
+old one, and the directory is fsynced so the rename itself survives a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SESSION_FILE = "session.json"
+TRANSCRIPT_FILE = "stdout.ndjson"
+SESSION_VERSION = 1
+DRAIN_DEADLINE_FILE = "drain_deadline"
+"""Written by the daemon just before a drain's SIGTERM: the deadline in Unix seconds,
+after which it SIGKILLs. A worker reads it to decide whether its in-flight turn fits."""
+
+
+class SessionError(Exception):
+    """A session.json that cannot be resumed; the message says what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Session:
+    agent_id: str
+    turns: int
+    messages: list[dict[str, Any]]
+    extra: dict[str, Any]
+    sha256: str
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "version": SESSION_VERSION,
+            "agent_id": self.agent_id,
+            "turns": self.turns,
+            "messages": self.messages,
+        }
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so a reader sees the old or the new bytes, never a mix.
+
+    ``durable`` fsyncs the file and its directory; without it the write is still atomic
+    but may be lost (as a whole) by a machine crash, which suits volatile state.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def decode_session(raw: bytes, *, source: str) -> Session:
+    """Parse and check a session document; raise ``SessionError`` naming the fault."""
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SessionError(f"{source} is not valid JSON ({exc}); it may be truncated") from None
+    if not isinstance(doc, dict):
+        raise SessionError(f"{source} must hold a JSON object, not {type(doc).__name__}")
+    version = doc.get("version")
+    if version != SESSION_VERSION:
+        raise SessionError(f"{source} has version {version!r}; this build reads version 1")
+    agent_id = doc.get("agent_id")
+    if not isinstance(agent_id, str) or not agent_id:
+        raise SessionError(f"{source} has no string 'agent_id'")
+    turns = doc.get("turns")
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 0:
+        raise SessionError(f"{source} has no non-negative integer 'turns' (got {turns!r})")
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise SessionError(f"{source} has no 'messages' list of objects")
+    extra = {
+        k: v for k, v in doc.items() if k not in {"version", "agent_id", "turns", "messages"}
+    }
+    return Session(agent_id, turns, messages, extra, digest)
+
+
+def load_session(session_dir: Path) -> Session:
+    path = session_dir / SESSION_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SessionError(f"{path} does not exist: the agent never saved a turn") from None
+    except OSError as exc:
+        raise SessionError(f"{path} cannot be read: {exc.strerror}") from None
+    return decode_session(raw, source=str(path))
+
+
+def save_session(session_dir: Path, session: Session) -> str:
+    """Write ``session.json`` durably; return the sha256 of the bytes written."""
+    raw = json.dumps(session.to_document(), separators=(",", ":")).encode()
+    atomic_write(session_dir / SESSION_FILE, raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def count_completed_turns(session_dir: Path) -> int:
+    """How many ``turn_complete`` events the transcript holds (a torn last line is skipped)."""
+    path = session_dir / TRANSCRIPT_FILE
+    count = 0
+    try:
+        with path.open("rb") as fh:
+            for line in fh:
+                if b'"turn_complete"' not in line:
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and event.get("type") == "turn_complete":
+                    count += 1
+    except FileNotFoundError:
+        return 0
+    return count

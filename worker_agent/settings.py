@@ -1,0 +1,42 @@
+"""The daemon's settings, in one typed place, read from ``DRAIN_DAEMON_*`` variables.
+
+``drainctl daemon`` options override them. Nothing else in ``worker_agent`` reads the
+environment for configuration (workers get theirs from the daemon at spawn).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_WORKER_COMMAND = (
+    "{python} -m worker_agent.worker --session-dir {session_dir} --agent-id {agent_id} {resume}"
+)
+"""How the reference worker is launched. Placeholders: ``{python}``, ``{session_dir}``,
+``{agent_id}``, ``{provider}``, ``{model}``, ``{resume}`` (``--resume`` or nothing).
+A real caliban fits as ``caliban __agent-worker --session {session_dir} {resume}``."""
+
+
+class DaemonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DRAIN_DAEMON_", extra="ignore")
+
+    store: Path = Path("./caliban-store")
+    socket: Path | None = None
+    """Unix control socket; defaults to ``<store>/run/caliband.sock``."""
+    listen: str | None = None
+    """``HOST:PORT`` for the network transport (TLS and a bearer token required)."""
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    worker_command: str = DEFAULT_WORKER_COMMAND
+    python: str = Field(default_factory=lambda: sys.executable)
+    drain_grace_secs: float = Field(default=30.0, ge=0)
+    """Grace used when the daemon itself is told to stop (SIGTERM, ``shutdown``)."""
+    kill_grace_secs: float = Field(default=5.0, ge=0)
+    """How long ``kill`` waits after SIGTERM before SIGKILL."""
+
+    def socket_path(self) -> Path:
+        return self.socket if self.socket is not None else self.store / "run" / "caliband.sock"

@@ -1,0 +1,138 @@
+"""The daemon's on-disk layout: one directory per agent on the workspace volume.
+
+``<store>/agents/<id>/manifest.json`` is the ``AgentRecord`` (written atomically),
+``session.json`` the worker's resumable conversation, ``stdout.ndjson`` the worker's
+append-only event transcript, ``stderr.log`` its diagnostics and ``worker.lock`` the
+lock a worker holds on its directory for as long as it runs.
+
+This module knows paths and files; ``registry`` knows which agents are live. It also
+owns the one rule that keeps ``resume`` safe: a session dir is accepted only if it
+resolves, after symlinks, to an agent directory inside this store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import secrets
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError
+from worker_agent.session import SessionError, atomic_write, load_session
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+LOCK_FILE = "worker.lock"
+STDERR_FILE = "stderr.log"
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.agents_dir = self.root / "agents"
+
+    def prepare(self) -> None:
+        self.agents_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def new_agent_id(self) -> str:
+        while True:
+            agent_id = f"agent-{secrets.token_hex(6)}"
+            if not (self.agents_dir / agent_id).exists():
+                return agent_id
+
+    def agent_dir(self, agent_id: str) -> Path:
+        if not AGENT_ID.match(agent_id):
+            raise ProtocolError(ErrorKind.BAD_REQUEST, f"{agent_id!r} is not a valid agent id")
+        return self.agents_dir / agent_id
+
+    def relative(self, path: Path) -> str:
+        """A session dir as the ledger stores it: relative to the store (the PVC root)."""
+        return str(path.relative_to(self.root))
+
+    def save_manifest(self, record: AgentRecord, *, durable: bool = True) -> None:
+        directory = self.agents_dir / record.id
+        atomic_write(
+            directory / MANIFEST_FILE, record.model_dump_json(indent=2).encode(), durable=durable
+        )
+
+    def load_manifests(self) -> list[AgentRecord]:
+        """Every readable manifest. A broken one is logged and left on disk untouched."""
+        records: list[AgentRecord] = []
+        if not self.agents_dir.is_dir():
+            return records
+        for entry in sorted(self.agents_dir.iterdir()):
+            manifest = entry / MANIFEST_FILE
+            if not entry.is_dir() or not manifest.is_file():
+                continue
+            try:
+                record = AgentRecord.model_validate_json(manifest.read_bytes())
+            except (ValidationError, OSError) as exc:
+                log.warning("manifest_unreadable path=%s error=%s", manifest, exc)
+                continue
+            if record.id != entry.name:
+                log.warning("manifest_misplaced path=%s id=%s", manifest, record.id)
+                continue
+            records.append(record)
+        return records
+
+    def resolve_session_dir(self, raw: str) -> Path:
+        """The agent directory ``raw`` names, or ``ProtocolError`` if it is not one of ours.
+
+        ``raw`` may be absolute or relative to the store root. Symlinks are resolved
+        before the check, so a link that points out of the store is refused too.
+        """
+        if "\x00" in raw:
+            raise ProtocolError(ErrorKind.BAD_REQUEST, "session_dir contains a NUL byte")
+        candidate = Path(raw) if os.path.isabs(raw) else self.root / raw
+        resolved = candidate.resolve()
+        if not resolved.is_relative_to(self.root):
+            raise ProtocolError(
+                ErrorKind.BAD_REQUEST,
+                f"session_dir {raw!r} resolves to {resolved}, outside the store {self.root}",
+            )
+        if resolved.parent != self.agents_dir or not AGENT_ID.match(resolved.name):
+            raise ProtocolError(
+                ErrorKind.BAD_REQUEST,
+                f"session_dir {raw!r} is not an agent directory {self.agents_dir}/<id>",
+            )
+        if not resolved.is_dir():
+            raise ProtocolError(ErrorKind.NOT_FOUND, f"session_dir {raw!r} does not exist")
+        return resolved
+
+    def check_resumable(self, session_dir: Path) -> int:
+        """The number of completed turns to resume from, or a clear refusal."""
+        try:
+            session = load_session(session_dir)
+        except SessionError as exc:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"
+            ) from None
+        if session.agent_id != session_dir.name:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"cannot resume {session_dir.name}: session.json belongs to agent "
+                f"{session.agent_id!r}",
+            )
+        return session.turns
+
+
+def lock_is_held(session_dir: Path) -> bool:
+    """True while some worker process holds the directory's lock."""
+    path = session_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

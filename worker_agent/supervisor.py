@@ -1,0 +1,403 @@
+"""The supervisor: what each control verb does to the registry, the store and workers.
+
+``server`` decodes requests and hands them here; this module never sees a socket.
+Drain is "checkpoint, then stop": SIGTERM to every live agent at once, wait up to the
+grace, SIGKILL only stragglers, then verify every session dir and answer one
+``ResumeRef`` per agent. Refs are derived from the manifests and the files alone, so a
+second drain of a drained daemon answers the same refs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from worker_agent import proto
+from worker_agent.process import LaunchError, WorkerProcess, render_command
+from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, ResumeRef
+from worker_agent.registry import Agent, Registry
+from worker_agent.session import (
+    DRAIN_DEADLINE_FILE,
+    SessionError,
+    atomic_write,
+    decode_session,
+    load_session,
+)
+from worker_agent.settings import DaemonSettings
+from worker_agent.store import STDERR_FILE, Store, lock_is_held
+
+log = logging.getLogger(__name__)
+
+AGENT_SOCKET = "agent.sock"
+LOCK_WAIT_SECS = 10.0
+"""How long a resume waits for a previous worker of the same session to let go of it."""
+
+
+class Supervisor:
+    def __init__(self, settings: DaemonSettings) -> None:
+        self.settings = settings
+        self.store = Store(settings.store)
+        self.registry = Registry(self.store)
+        self.started_at = time.monotonic()
+        self.socket_path = settings.socket_path().resolve()
+        self._drain: asyncio.Task[list[ResumeRef]] | None = None
+        self._exit_watchers: set[asyncio.Task[None]] = set()
+        self.stopping = asyncio.Event()
+
+    def open(self) -> None:
+        self.store.prepare()
+        crashed = self.registry.reload()
+        log.info(
+            "store_loaded store=%s agents=%d crashed=%s",
+            self.store.root,
+            len(self.registry),
+            ",".join(crashed) or "-",
+        )
+
+    # ------------------------------------------------------------------ verbs
+
+    async def handle(self, request: proto.Request) -> proto.Reply:
+        match request:
+            case proto.ListRequest():
+                return proto.Listed(agents=[a.record for a in self.registry])
+            case proto.SpawnRequest(spec=spec):
+                return await self.spawn(spec)
+            case proto.AttachRequest(id=agent_id):
+                return proto.AttachAck(endpoint=self._attach(agent_id))
+            case proto.KillRequest(id=agent_id):
+                return await self.kill(agent_id)
+            case proto.RespawnRequest(id=agent_id):
+                return await self.respawn(agent_id)
+            case proto.RmRequest(id=agent_id, force=force):
+                return await self.rm(agent_id, force=force)
+            case proto.StatusRequest():
+                return proto.StatusReply(
+                    pid=os.getpid(),
+                    agents=len(self.registry),
+                    uptime_secs=round(time.monotonic() - self.started_at, 3),
+                    endpoint=f"unix:{self.socket_path}",
+                )
+            case proto.ShutdownRequest():
+                self.stopping.set()
+                return proto.ShutdownAck()
+            case proto.ReportStatusRequest(id=agent_id, status=status, turns=turns):
+                self._report_status(agent_id, AgentStatus(status), turns)
+                return proto.StatusReported()
+            case proto.DrainRequest(grace_secs=grace):
+                return proto.Drained(agents=await self.drain(grace))
+            case proto.ResumeRequest(session_dir=session_dir):
+                session = self.store.resolve_session_dir(session_dir)
+                existing = self.registry.find(session.name)
+                spec = existing.record.spec if existing else proto.SpawnSpec()
+                agent = await self._resume(session, spec)
+                return proto.Resumed(id=agent.id, endpoint=self._endpoint(agent))
+        raise ProtocolError(ErrorKind.BAD_REQUEST, f"unhandled request {request!r}")
+
+    def _refuse_while_draining(self, verb: str) -> None:
+        if self._drain is not None and not self._drain.done():
+            raise ProtocolError(ErrorKind.INVALID_STATE, f"cannot {verb}: the daemon is draining")
+        if self.stopping.is_set():
+            raise ProtocolError(ErrorKind.INVALID_STATE, f"cannot {verb}: the daemon is stopping")
+
+    async def spawn(self, spec: proto.SpawnSpec) -> proto.Spawned:
+        self._refuse_while_draining("spawn")
+        if spec.resume_session is not None:
+            session = self.store.resolve_session_dir(spec.resume_session)
+            agent = await self._resume(session, spec.model_copy(update={"resume_session": None}))
+            return proto.Spawned(id=agent.id, endpoint=self._endpoint(agent))
+        agent_id = self.store.new_agent_id()
+        directory = self.store.agent_dir(agent_id)
+        directory.mkdir(mode=0o700)
+        now = time.time()
+        record = AgentRecord(
+            id=agent_id,
+            status=AgentStatus.SPAWNING,
+            spec=spec,
+            session_dir=str(directory),
+            created_at=now,
+            updated_at=now,
+        )
+        agent = self.registry.add(record)
+        self._launch(agent, resume=False)
+        return proto.Spawned(id=agent.id, endpoint=self._endpoint(agent))
+
+    async def _resume(self, session_dir: Path, spec: proto.SpawnSpec) -> Agent:
+        self._refuse_while_draining("resume")
+        agent_id = session_dir.name
+        existing = self.registry.find(agent_id)
+        if existing is not None and existing.live:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"agent {agent_id} is {existing.record.status}; drain or kill it before resuming",
+                agent_id,
+            )
+        turns = self.store.check_resumable(session_dir)
+        deadline = time.monotonic() + LOCK_WAIT_SECS
+        while lock_is_held(session_dir):
+            if time.monotonic() > deadline:
+                raise ProtocolError(
+                    ErrorKind.INVALID_STATE,
+                    f"agent {agent_id}: a previous worker still holds its session dir",
+                    agent_id,
+                )
+            await asyncio.sleep(0.05)
+        now = time.time()
+        if existing is None:
+            record = AgentRecord(
+                id=agent_id,
+                status=AgentStatus.SPAWNING,
+                spec=spec,
+                session_dir=str(session_dir),
+                created_at=now,
+                updated_at=now,
+                turns=turns,
+            )
+            agent = self.registry.add(record)
+        else:
+            agent = existing
+            agent.stop_reason = None
+            agent.force_killed = False
+            self.registry.update(
+                agent,
+                status=AgentStatus.SPAWNING,
+                spec=spec,
+                turns=turns,
+                exit=None,
+                error=None,
+                idle_since=None,
+            )
+        self._launch(agent, resume=True)
+        log.info("agent_resumed agent=%s from_turn=%d", agent_id, turns + 1)
+        return agent
+
+    def _launch(self, agent: Agent, *, resume: bool) -> None:
+        directory = Path(agent.record.session_dir)
+        spec = agent.record.spec
+        values = {
+            "python": self.settings.python,
+            "session_dir": str(directory),
+            "agent_id": agent.id,
+            "provider": spec.provider,
+            "model": spec.model or "",
+            "resume": "--resume" if resume else "",
+        }
+        env = {
+            **os.environ,
+            **spec.env,
+            "CALIBAN_AGENT_ID": agent.id,
+            "CALIBAN_SESSION_DIR": str(directory),
+            "CALIBAN_SUPERVISOR_SOCKET": str(self.socket_path),
+            "CALIBAN_SUPERVISOR_PID": str(os.getpid()),
+            "CALIBAN_AGENT_SOCKET": str(directory / AGENT_SOCKET),
+            "CALIBAN_PROVIDER": spec.provider,
+            "CALIBAN_MODEL": spec.model or "",
+            "CALIBAN_INITIAL_PROMPT": spec.initial_prompt or "",
+            "CALIBAN_DRAIN_GRACE_SECS": str(self.settings.drain_grace_secs),
+        }
+        cwd = Path(spec.cwd) if spec.cwd else directory
+        with contextlib.suppress(FileNotFoundError):
+            (directory / DRAIN_DEADLINE_FILE).unlink()
+        try:
+            argv = render_command(self.settings.worker_command, values)
+            process = WorkerProcess.start(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=directory / "stdout.ndjson",
+                stderr=directory / STDERR_FILE,
+            )
+        except LaunchError as exc:
+            self.registry.update(agent, status=AgentStatus.FAILED, error=str(exc))
+            raise ProtocolError(ErrorKind.INTERNAL, str(exc), agent.id) from None
+        agent.process = process
+        watcher = asyncio.get_running_loop().create_task(self._watch_exit(agent, process))
+        self._exit_watchers.add(watcher)
+        watcher.add_done_callback(self._exit_watchers.discard)
+        log.info("agent_started agent=%s pid=%d resume=%s", agent.id, process.pid, resume)
+
+    async def _watch_exit(self, agent: Agent, process: WorkerProcess) -> None:
+        code = await process.exited
+        if agent.process is not process:
+            return
+        agent.process = None
+        if agent.stop_reason is not None:
+            status = agent.stop_reason
+        else:
+            status = AgentStatus.DONE if code == 0 else AgentStatus.FAILED
+        turns = agent.record.turns
+        try:
+            turns = load_session(Path(agent.record.session_dir)).turns
+        except SessionError:
+            pass
+        if self.registry.find(agent.id) is agent:
+            self.registry.update(agent, status=status, exit=code, turns=turns, idle_since=None)
+        log.info("agent_exited agent=%s exit=%d status=%s turns=%d", agent.id, code, status, turns)
+
+    def _endpoint(self, agent: Agent) -> str:
+        return f"unix:{Path(agent.record.session_dir) / AGENT_SOCKET}"
+
+    def _attach(self, agent_id: str) -> str:
+        agent = self.registry.get(agent_id)
+        if not agent.live:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"agent {agent_id} is {agent.record.status}; resume it before attaching",
+                agent_id,
+            )
+        return self._endpoint(agent)
+
+    def _report_status(self, agent_id: str, status: AgentStatus, turns: int | None) -> None:
+        agent = self.registry.get(agent_id)
+        if agent.record.status not in (AgentStatus.SPAWNING, AgentStatus.RUNNING, AgentStatus.IDLE):
+            # A report racing a drain or kill must not bring the agent back to life.
+            return
+        idle_since = agent.record.idle_since
+        if status is AgentStatus.IDLE:
+            idle_since = idle_since or time.time()
+        else:
+            idle_since = None
+        changes: dict[str, object] = {"status": status, "idle_since": idle_since}
+        if turns is not None:
+            changes["turns"] = turns
+        self.registry.update(agent, durable=False, **changes)
+
+    async def kill(self, agent_id: str) -> proto.Killed:
+        agent = self.registry.get(agent_id)
+        process = agent.process
+        if process is None:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"agent {agent_id} is {agent.record.status}, not running",
+                agent_id,
+            )
+        agent.stop_reason = AgentStatus.KILLED
+        code = await process.terminate(self.settings.kill_grace_secs)
+        await self._settled(agent)
+        return proto.Killed(id=agent_id, exit=code)
+
+    async def respawn(self, agent_id: str) -> proto.Respawned:
+        self._refuse_while_draining("respawn")
+        agent = self.registry.get(agent_id)
+        if agent.live:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE, f"agent {agent_id} is {agent.record.status}", agent_id
+            )
+        directory = Path(agent.record.session_dir)
+        if (directory / "session.json").exists():
+            await self._resume(directory, agent.record.spec)
+        else:
+            agent.stop_reason = None
+            agent.force_killed = False
+            self.registry.update(agent, status=AgentStatus.SPAWNING, exit=None, error=None)
+            self._launch(agent, resume=False)
+        return proto.Respawned(id=agent_id)
+
+    async def rm(self, agent_id: str, *, force: bool) -> proto.Removed:
+        agent = self.registry.get(agent_id)
+        if agent.live and not force:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"agent {agent_id} is {agent.record.status}; kill it first or pass force",
+                agent_id,
+            )
+        if agent.process is not None:
+            agent.stop_reason = AgentStatus.KILLED
+            await agent.process.terminate(self.settings.kill_grace_secs)
+            await self._settled(agent)
+        self.registry.remove(agent_id)
+        shutil.rmtree(agent.record.session_dir, ignore_errors=True)
+        log.info("agent_removed agent=%s", agent_id)
+        return proto.Removed(id=agent_id)
+
+    async def _settled(self, agent: Agent) -> None:
+        """Wait until the exit watcher has recorded the agent's final status."""
+        while agent.process is not None:
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ drain
+
+    async def drain(self, grace: float) -> list[ResumeRef]:
+        """Checkpoint, then stop. Concurrent drains share one run."""
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self._drain_all(grace))
+        return await asyncio.shield(self._drain)
+
+    async def _drain_all(self, grace: float) -> list[ResumeRef]:
+        started = time.monotonic()
+        stopping = [a for a in self.registry.live() if a.process is not None]
+        for agent in stopping:
+            agent.stop_reason = AgentStatus.DRAINED
+            self.registry.update(agent, durable=False, status=AgentStatus.DRAINING)
+        deadline = str(time.time() + grace).encode()
+        for agent in stopping:
+            atomic_write(
+                Path(agent.record.session_dir) / DRAIN_DEADLINE_FILE, deadline, durable=False
+            )
+        for agent in stopping:
+            assert agent.process is not None
+            agent.process.signal(signal.SIGTERM)
+        if stopping:
+            pending = [a.process.exited for a in stopping if a.process is not None]
+            await asyncio.wait(pending, timeout=grace)
+        stragglers = [a for a in stopping if a.process is not None and not a.process.exited.done()]
+        for agent in stragglers:
+            assert agent.process is not None
+            agent.force_killed = True
+            agent.process.signal(signal.SIGKILL)
+            log.warning("agent_drain_killed agent=%s grace_secs=%s", agent.id, grace)
+        for agent in stopping:
+            await self._settled(agent)
+        refs = [self._resume_ref(agent) for agent in self.registry]
+        log.info(
+            "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
+            len(refs),
+            len(stopping),
+            len(stragglers),
+            sum(not r.clean for r in refs),
+            time.monotonic() - started,
+        )
+        return refs
+
+    def _resume_ref(self, agent: Agent) -> ResumeRef:
+        directory = Path(agent.record.session_dir)
+        record = agent.record
+        try:
+            raw = (directory / "session.json").read_bytes()
+        except OSError as exc:
+            return ResumeRef(
+                id=agent.id,
+                session_dir=self.store.relative(directory),
+                turns=record.turns,
+                session_sha256=None,
+                clean=False,
+                exit=record.exit,
+                error=f"session.json unreadable: {exc.strerror}",
+            )
+        error: str | None = None
+        turns = record.turns
+        try:
+            turns = decode_session(raw, source=str(directory / "session.json")).turns
+        except SessionError as exc:
+            error = str(exc)
+        if error is None and record.exit not in (0, None):
+            error = f"worker exited with {record.exit}"
+        return ResumeRef(
+            id=agent.id,
+            session_dir=self.store.relative(directory),
+            turns=turns,
+            session_sha256=hashlib.sha256(raw).hexdigest(),
+            clean=error is None,
+            exit=record.exit,
+            error=error,
+        )
+
+    async def close(self) -> None:
+        """Drain (with the configured grace) and stop: the pod-deletion safety net."""
+        await self.drain(self.settings.drain_grace_secs)
