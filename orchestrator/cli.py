@@ -127,7 +127,7 @@ def agents_ls(obj: _AgentsContext) -> None:
 @click.option("--resume-session", default=None, help="Continue this session dir instead.")
 @click.option("--count", default=1, show_default=True, type=click.IntRange(1, 1000))
 @click.pass_obj
-def agents_spawn(obj: _AgentsContext, count: int, **spec: Any) -> None:
+def agents_spawn(obj: _AgentsContext, /, count: int, **spec: Any) -> None:
     """Start agents (or continue one with --resume-session)."""
     clean = {k: v for k, v in spec.items() if v is not None}
     for _ in range(count):
@@ -201,7 +201,6 @@ def demo(agent_count: int, state_dir: Path | None) -> None:
     from orchestrator.demo import run_demo
 
     sys.exit(run_demo(agent_count=agent_count, state_dir=state_dir, echo=click.echo))
-
 
 
 if __name__ == "__main__":

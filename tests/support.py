@@ -90,7 +90,7 @@ class DaemonProcess:
 
     def records(self) -> dict[str, AgentRecord]:
         with self.client() as client:
-            return {r.id: r for r in client.list()}
+            return {r.id: r for r in client.agents()}
 
     def wait_for_status(
         self, ids: list[str], statuses: set[AgentStatus], timeout: float = 60

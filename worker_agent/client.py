@@ -90,7 +90,7 @@ class SupervisorClient:
 
     # Typed conveniences: each returns the reply the protocol table promises.
 
-    def list(self) -> list[proto.AgentRecord]:
+    def agents(self) -> list[proto.AgentRecord]:
         reply = self.call("list")
         assert isinstance(reply, proto.Listed)
         return reply.agents

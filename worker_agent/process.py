@@ -56,7 +56,9 @@ class WorkerProcess:
         try:
             self._pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
-            loop.create_task(self._poll())
+            # No pidfd (not Linux >= 5.3): one blocking waiter thread for this child.
+            waiter = loop.run_in_executor(None, popen.wait)
+            waiter.add_done_callback(lambda f: self._settle(f.result()))
         else:
             loop.add_reader(self._pidfd, self._reap)
 
@@ -95,12 +97,9 @@ class WorkerProcess:
         if code is None:
             return
         self._close_pidfd()
-        if not self.exited.done():
-            self.exited.set_result(code)
+        self._settle(code)
 
-    async def _poll(self) -> None:
-        while (code := self._popen.poll()) is None:
-            await asyncio.sleep(0.05)
+    def _settle(self, code: int) -> None:
         if not self.exited.done():
             self.exited.set_result(code)
 
@@ -117,17 +116,17 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             self._popen.send_signal(sig)
 
-    async def wait(self, timeout: float | None) -> int | None:
-        """The exit code, or None if the worker is still running after ``timeout``."""
+    async def exit_within(self, secs: float) -> int | None:
+        """The exit code, or None if the worker is still running after ``secs``."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
+            return await asyncio.wait_for(asyncio.shield(self.exited), secs)
         except TimeoutError:
             return None
 
     async def terminate(self, grace: float) -> int:
         """SIGTERM, then SIGKILL if the worker outlives ``grace``; return the exit code."""
         self.signal(signal.SIGTERM)
-        code = await self.wait(grace)
+        code = await self.exit_within(grace)
         if code is None:
             self.signal(signal.SIGKILL)
             code = await self.exited

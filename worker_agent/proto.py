@@ -325,7 +325,9 @@ def validate_request(obj: dict[str, Any]) -> Request:
     try:
         return _request_adapter.validate_python(obj)
     except ValidationError as exc:
-        raise ProtocolError(ErrorKind.BAD_REQUEST, f"bad {kind} request: {_describe(exc)}") from None
+        raise ProtocolError(
+            ErrorKind.BAD_REQUEST, f"bad {kind} request: {_describe(exc)}"
+        ) from None
 
 
 def parse_request(line: bytes | str) -> Request:

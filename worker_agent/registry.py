@@ -8,6 +8,7 @@ restarted daemon turns every live agent into ``crashed`` whatever its last repor
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ class Agent:
     stop_reason: AgentStatus | None = None
     """Set by the daemon before it signals the worker: ``killed`` or ``drained``."""
     force_killed: bool = field(default=False)
+    watcher: asyncio.Task[None] | None = None
+    """The task that records the worker's exit; awaiting it means the record is final."""
 
     @property
     def id(self) -> str:

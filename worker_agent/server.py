@@ -133,7 +133,9 @@ class ControlServer:
         with contextlib.suppress(FileNotFoundError):
             self.supervisor.socket_path.unlink()
 
-    async def _serve_local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_local(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await self._serve(reader, writer, network=False)
 
     async def _serve_network(

@@ -99,9 +99,7 @@ def decode_session(raw: bytes, *, source: str) -> Session:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise SessionError(f"{source} has no 'messages' list of objects")
-    extra = {
-        k: v for k, v in doc.items() if k not in {"version", "agent_id", "turns", "messages"}
-    }
+    extra = {k: v for k, v in doc.items() if k not in {"version", "agent_id", "turns", "messages"}}
     return Session(agent_id, turns, messages, extra, digest)
 
 

@@ -48,7 +48,6 @@ class Supervisor:
         self.started_at = time.monotonic()
         self.socket_path = settings.socket_path().resolve()
         self._drain: asyncio.Task[list[ResumeRef]] | None = None
-        self._exit_watchers: set[asyncio.Task[None]] = set()
         self.stopping = asyncio.Event()
 
     def open(self) -> None:
@@ -217,9 +216,7 @@ class Supervisor:
             self.registry.update(agent, status=AgentStatus.FAILED, error=str(exc))
             raise ProtocolError(ErrorKind.INTERNAL, str(exc), agent.id) from None
         agent.process = process
-        watcher = asyncio.get_running_loop().create_task(self._watch_exit(agent, process))
-        self._exit_watchers.add(watcher)
-        watcher.add_done_callback(self._exit_watchers.discard)
+        agent.watcher = asyncio.get_running_loop().create_task(self._watch_exit(agent, process))
         log.info("agent_started agent=%s pid=%d resume=%s", agent.id, process.pid, resume)
 
     async def _watch_exit(self, agent: Agent, process: WorkerProcess) -> None:
@@ -232,10 +229,8 @@ class Supervisor:
         else:
             status = AgentStatus.DONE if code == 0 else AgentStatus.FAILED
         turns = agent.record.turns
-        try:
+        with contextlib.suppress(SessionError):
             turns = load_session(Path(agent.record.session_dir)).turns
-        except SessionError:
-            pass
         if self.registry.find(agent.id) is agent:
             self.registry.update(agent, status=status, exit=code, turns=turns, idle_since=None)
         log.info("agent_exited agent=%s exit=%d status=%s turns=%d", agent.id, code, status, turns)
@@ -258,11 +253,9 @@ class Supervisor:
         if agent.record.status not in (AgentStatus.SPAWNING, AgentStatus.RUNNING, AgentStatus.IDLE):
             # A report racing a drain or kill must not bring the agent back to life.
             return
-        idle_since = agent.record.idle_since
+        idle_since = None
         if status is AgentStatus.IDLE:
-            idle_since = idle_since or time.time()
-        else:
-            idle_since = None
+            idle_since = agent.record.idle_since or time.time()
         changes: dict[str, object] = {"status": status, "idle_since": idle_since}
         if turns is not None:
             changes["turns"] = turns
@@ -318,8 +311,8 @@ class Supervisor:
 
     async def _settled(self, agent: Agent) -> None:
         """Wait until the exit watcher has recorded the agent's final status."""
-        while agent.process is not None:
-            await asyncio.sleep(0.01)
+        if agent.watcher is not None:
+            await asyncio.shield(agent.watcher)
 
     # ------------------------------------------------------------------ drain
 

@@ -1,0 +1,43 @@
+# caliban-drain: `make demo` and `make test` from a fresh clone; everything else is optional.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: env demo test check lint typecheck pytest services bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "caliban-drain needs Python 3.11+"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: env
+	$(VENV)/bin/drainctl demo
+
+services:
+	bash scripts/ensure-services.sh
+
+lint: env
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: env
+	$(VENV)/bin/mypy
+
+pytest: env services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: lint typecheck
+
+test: check pytest
+
+bench: env
+	$(PY) bench/drain.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
