@@ -158,7 +158,7 @@ class ReportStatusRequest(_Request):
 
 class DrainRequest(_Request):
     kind: Literal["drain"]
-    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS)
+    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS, allow_inf_nan=False)
 
 
 class ResumeRequest(_Request):
@@ -293,7 +293,8 @@ class ProtocolError(Exception):
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"][1:] if p not in REQUEST_KINDS) or "request"
+        # loc[0] is the discriminator tag (the request kind); the rest is the field path.
+        loc = ".".join(str(p) for p in err["loc"][1:]) or "request"
         parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)
 

@@ -75,6 +75,7 @@ class ControlServer:
         self.settings = settings
         self.supervisor = supervisor
         self._servers: list[asyncio.Server] = []
+        self._connections: set[asyncio.Task[None]] = set()
         self._token: bytes | None = None
         self._tls: ssl.SSLContext | None = None
         if settings.listen is not None:
@@ -88,8 +89,11 @@ class ControlServer:
 
     async def start(self) -> None:
         path = self.supervisor.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path.parent, 0o700)
+        if not path.parent.exists():
+            # Only a directory the daemon creates itself is narrowed to 0700; an existing
+            # one (say /run) keeps the mode its owner gave it.
+            path.parent.mkdir(parents=True, mode=0o700)
+            os.chmod(path.parent, 0o700)
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(path.lstat().st_mode):
                 path.unlink()
@@ -127,6 +131,10 @@ class ControlServer:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
+        for connection in list(self._connections):
+            connection.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections, timeout=1.0)
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
@@ -146,6 +154,9 @@ class ControlServer:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, network: bool
     ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
         try:
             while True:
                 line = await read_request_line(reader)
@@ -154,9 +165,10 @@ class ControlServer:
                 reply = await self._answer(line, network=network)
                 writer.write(proto.encode(reply))
                 await writer.drain()
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
+            self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -189,8 +201,8 @@ class ControlServer:
 async def run_daemon(settings: DaemonSettings) -> None:
     """Serve until SIGTERM, SIGINT or ``shutdown``; then drain every agent and exit."""
     supervisor = Supervisor(settings)
+    server = ControlServer(settings, supervisor)  # refuses bad settings before any disk write
     supervisor.open()
-    server = ControlServer(settings, supervisor)
     await server.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

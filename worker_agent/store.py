@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -68,7 +69,10 @@ class Store:
             return records
         for entry in sorted(self.agents_dir.iterdir()):
             manifest = entry / MANIFEST_FILE
-            if not entry.is_dir() or not manifest.is_file():
+            # A symlinked agent dir could point anywhere; only real directories are ours.
+            if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
+                continue
+            if manifest.is_symlink() or not manifest.is_file():
                 continue
             try:
                 record = AgentRecord.model_validate_json(manifest.read_bytes())
@@ -78,8 +82,19 @@ class Store:
             if record.id != entry.name:
                 log.warning("manifest_misplaced path=%s id=%s", manifest, record.id)
                 continue
-            records.append(record)
+            # The manifest is writable by the worker that runs in this directory, so its
+            # session_dir is never trusted: the directory is where the manifest lives.
+            records.append(record.model_copy(update={"session_dir": str(entry)}))
         return records
+
+    def remove_agent_dir(self, agent_id: str) -> None:
+        """Delete an agent's directory, refusing anything that is not a real dir of ours."""
+        directory = self.agent_dir(agent_id)
+        if directory.is_symlink() or directory.resolve().parent != self.agents_dir:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE, f"{directory} is not a directory of this store", agent_id
+            )
+        shutil.rmtree(directory, ignore_errors=True)
 
     def resolve_session_dir(self, raw: str) -> Path:
         """The agent directory ``raw`` names, or ``ProtocolError`` if it is not one of ours.
@@ -88,7 +103,7 @@ class Store:
         before the check, so a link that points out of the store is refused too.
         """
         if "\x00" in raw:
-            raise ProtocolError(ErrorKind.BAD_REQUEST, "session_dir contains a NUL byte")
+            raise ProtocolError(ErrorKind.BAD_REQUEST, f"session_dir {raw!r} contains a NUL byte")
         candidate = Path(raw) if os.path.isabs(raw) else self.root / raw
         resolved = candidate.resolve()
         if not resolved.is_relative_to(self.root):

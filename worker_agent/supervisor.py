@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -304,8 +303,8 @@ class Supervisor:
             agent.stop_reason = AgentStatus.KILLED
             await agent.process.terminate(self.settings.kill_grace_secs)
             await self._settled(agent)
+        self.store.remove_agent_dir(agent_id)
         self.registry.remove(agent_id)
-        shutil.rmtree(agent.record.session_dir, ignore_errors=True)
         log.info("agent_removed agent=%s", agent_id)
         return proto.Removed(id=agent_id)
 
