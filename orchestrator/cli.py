@@ -8,8 +8,10 @@ errors say what was wrong and exit non-zero.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,9 @@ def main() -> None:
 @click.option("--worker-command", help="Worker command template (see README).")
 @click.option("--drain-grace", type=float, help="Grace in seconds when the daemon is stopped.")
 @click.option("--kill-grace", type=float, help="Seconds between SIGTERM and SIGKILL for kill.")
+@click.option("--queue", help="caliband.<namespace>.<name>: also run this queue's Celery consumer.")
+@click.option("--broker", "broker_url", help="The consumer's broker URL (else DRAIN_BROKER_URL).")
+@click.option("--task-uid", help="The CalibanTask uid this pod serves (sent in heartbeats).")
 @click.option("--log-level", default="INFO", show_default=True)
 def daemon(log_level: str, **options: Any) -> None:
     """Run the supervisor daemon in the foreground (SIGTERM drains, then exits)."""
@@ -188,6 +193,213 @@ def agents_resume(obj: _AgentsContext, session_dirs: tuple[str, ...]) -> None:
     for session_dir in session_dirs:
         reply = obj.call("resume", session_dir=session_dir)
         obj.show(reply, f"resumed {reply.id}  endpoint {reply.endpoint}")
+
+
+# ---------------------------------------------------------------- pipeline (no k8s)
+
+
+def _pipeline() -> tuple[Any, Any, Any]:
+    from orchestrator.celery_app import app
+    from orchestrator.settings import get_settings
+    from orchestrator.tasks import get_ledger
+
+    return app, get_ledger(), get_settings()
+
+
+def _task_ref(ref: str) -> tuple[str, str]:
+    from orchestrator.celery_app import TaskNameError, parse_task_ref
+
+    try:
+        return parse_task_ref(ref)
+    except TaskNameError as exc:
+        raise click.BadParameter(str(exc), param_hint="NS/NAME") from None
+
+
+def _finish(op: Any, wait: bool, timeout: float, as_json: bool, *, field: str) -> None:
+    from orchestrator.pipeline import wait_for_operation
+
+    if wait:
+        _, ledger, _ = _pipeline()
+        op = wait_for_operation(ledger, op.id, timeout)
+    if as_json:
+        click.echo(json.dumps(asdict(op), indent=2, default=str))
+    elif not wait:
+        click.echo(f"operation {op.id} {op.state}")
+    elif op.state in ("recorded", "forced", "resumed"):
+        click.echo(op.checkpoint_ref if field == "checkpoint" else f"{op.state} {op.id}")
+    if wait and op.state not in ("recorded", "forced", "resumed"):
+        why = op.error or f"still {op.state} after {timeout:.0f}s"
+        raise click.ClickException(f"operation {op.id} {op.state}: {why}")
+
+
+@main.command("drain")
+@click.argument("task")
+@click.option("--grace", "grace_secs", type=float, default=None, help="Drain grace (seconds).")
+@click.option("--uid", "task_uid", default=None, help="Task identity (default NS/NAME).")
+@click.option("--wait", is_flag=True, help="Wait until recorded; print the checkpoint ref.")
+@click.option("--timeout", default=600.0, show_default=True, type=float)
+@click.option("--json", "as_json", is_flag=True)
+def drain_cmd(
+    task: str,
+    grace_secs: float | None,
+    task_uid: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Drain the daemon of NS/NAME through Celery and record a checkpoint."""
+    from orchestrator.pipeline import start_drain
+
+    namespace, name = _task_ref(task)
+    app, ledger, settings = _pipeline()
+    op = start_drain(
+        app, ledger, settings, namespace=namespace, name=name, task_uid=task_uid,
+        grace_secs=grace_secs,
+    )  # fmt: skip
+    _finish(op, wait, timeout, as_json, field="checkpoint")
+
+
+@main.command("resume")
+@click.argument("task")
+@click.option("--checkpoint", "checkpoint_ref", required=True, help="Checkpoint ref to resume.")
+@click.option("--uid", "task_uid", default=None)
+@click.option("--wait", is_flag=True, help="Wait until the daemon resumed the agents.")
+@click.option("--timeout", default=600.0, show_default=True, type=float)
+@click.option("--json", "as_json", is_flag=True)
+def resume_cmd(
+    task: str,
+    checkpoint_ref: str,
+    task_uid: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Resume every agent of a checkpoint on the daemon of NS/NAME."""
+    from orchestrator.pipeline import start_resume
+
+    namespace, name = _task_ref(task)
+    app, ledger, settings = _pipeline()
+    op = start_resume(
+        app, ledger, settings, namespace=namespace, name=name, checkpoint_ref=checkpoint_ref,
+        task_uid=task_uid,
+    )  # fmt: skip
+    _finish(op, wait, timeout, as_json, field="state")
+
+
+@main.command("worker")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker_cmd(concurrency: int, loglevel: str) -> None:
+    """Run the orchestrator's Celery worker (queue ``orchestrator``)."""
+    from orchestrator.tasks import DeadlineSweeper
+
+    app, ledger, settings = _pipeline()
+    configure_logging(loglevel)
+    DeadlineSweeper(ledger, settings.sweep_interval_secs).start()
+    app.worker_main(
+        [
+            "worker", "--queues", "orchestrator", "--pool", "threads",
+            "--concurrency", str(concurrency), "--hostname", "orchestrator@%h",
+            "--loglevel", loglevel, "--task-events",
+        ]
+    )  # fmt: skip
+
+
+@main.command("flower")
+@click.option("--port", default=5555, show_default=True, type=int)
+@click.option("--address", default="127.0.0.1", show_default=True)
+def flower_cmd(port: int, address: str) -> None:
+    """Flower on this broker: drain, record and resume tasks as they run.
+
+    Flower's HTTP API needs credentials: set FLOWER_BASIC_AUTH=user:password (read by
+    Flower itself, so it never shows in the process list), or, for a loopback-only dev
+    stack, FLOWER_UNAUTHENTICATED_API=true.
+    """
+    import os
+
+    if not os.environ.get("FLOWER_BASIC_AUTH") and not os.environ.get("FLOWER_UNAUTHENTICATED_API"):
+        click.echo(
+            "note: FLOWER_BASIC_AUTH is not set; Flower's API will answer 401 "
+            "(set FLOWER_BASIC_AUTH=user:password)",
+            err=True,
+        )
+    os.execv(  # noqa: S606 - replaces this process with Flower, argv fully ours
+        sys.executable,
+        [
+            sys.executable, "-m", "celery", "--app", "orchestrator.celery_app", "flower",
+            f"--port={port}", f"--address={address}",
+        ],
+    )  # fmt: skip
+
+
+@main.group()
+def db() -> None:
+    """The checkpoint ledger's schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Apply the Alembic migrations to DRAIN_DATABASE_URL."""
+    from orchestrator.ledger.migrate import current, upgrade
+    from orchestrator.settings import get_settings
+
+    url = get_settings().database_url
+    upgrade(url, revision)
+    click.echo(f"ledger at revision {current(url)}")
+
+
+@main.group()
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@click.pass_context
+def ledger(ctx: click.Context, as_json: bool) -> None:
+    """Read the checkpoint ledger."""
+    ctx.obj = as_json
+
+
+@ledger.command("ls")
+@click.option("--task", "task", default=None, help="Only NS/NAME.")
+@click.option("--limit", default=50, show_default=True, type=int)
+@click.pass_obj
+def ledger_ls(as_json: bool, task: str | None, limit: int) -> None:
+    """Checkpoints, newest first."""
+    from orchestrator.tasks import get_ledger
+
+    namespace, name = _task_ref(task) if task else (None, None)
+    checkpoints = get_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
+    if as_json:
+        click.echo(json.dumps([asdict(c) for c in checkpoints], indent=2, default=str))
+        return
+    click.echo(f"{'REF':<26} {'TASK':<32} {'REASON':<7} {'AGENTS':>6} {'VERIFIED':<8} CREATED")
+    for c in checkpoints:
+        click.echo(
+            f"{c.ref:<26} {c.namespace + '/' + c.name:<32} {c.reason:<7} {len(c.agents):>6} "
+            f"{c.verified!s:<8} {c.created_at:%Y-%m-%d %H:%M:%S}"
+        )
+
+
+@ledger.command("show")
+@click.argument("ref")
+@click.pass_obj
+def ledger_show(as_json: bool, ref: str) -> None:
+    """One checkpoint and its agents."""
+    from orchestrator.tasks import get_ledger
+
+    checkpoint = get_ledger().get_checkpoint(ref)
+    if checkpoint is None:
+        raise click.ClickException(f"no checkpoint {ref!r} in the ledger")
+    if as_json:
+        click.echo(json.dumps(asdict(checkpoint), indent=2, default=str))
+        return
+    click.echo(
+        f"{checkpoint.ref}  {checkpoint.namespace}/{checkpoint.name}  reason={checkpoint.reason} "
+        f"forced={checkpoint.forced} verified={checkpoint.verified} pvc={checkpoint.pvc_name}"
+    )
+    for agent in checkpoint.agents:
+        click.echo(
+            f"  {agent.agent_id:<20} turns={agent.turns:<5} clean={agent.clean!s:<5} "
+            f"{agent.session_dir}  {(agent.session_sha256 or '-')[:16]}"
+        )
 
 
 # ------------------------------------------------------------------------------ demo

@@ -47,8 +47,15 @@ def short_tmp() -> Iterator[Path]:
 class DaemonProcess:
     """``drainctl daemon`` as a real subprocess, with a client factory."""
 
-    def __init__(self, root: Path, *extra: str, drain_grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *extra: str,
+        drain_grace: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
+        self.env = env or {}
         self.store = root / "store"
         self.socket = root / "ctl.sock"
         self.log = root / "daemon.log"
@@ -60,13 +67,14 @@ class DaemonProcess:
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         log = self.log.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "orchestrator.cli", "daemon",
                 "--store", str(self.store), "--socket", str(self.socket),
                 "--drain-grace", str(self.drain_grace), *self.extra,
             ],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         log.close()
         wait_until(self._ready, 30, f"daemon socket {self.socket}")

@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 
 from worker_agent import proto
+from worker_agent.consumer_process import ConsumerProcess
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
 from worker_agent.supervisor import Supervisor
@@ -207,9 +208,17 @@ async def run_daemon(settings: DaemonSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.stopping.set)
+    consumer = None
+    if settings.queue is not None:
+        consumer = ConsumerProcess(settings, str(supervisor.socket_path))
+        consumer.start()
     log.info("daemon_ready pid=%d store=%s", os.getpid(), supervisor.store.root)
     await supervisor.stopping.wait()
     log.info("daemon_stopping drain_grace_secs=%s", settings.drain_grace_secs)
+    if consumer is not None:
+        consumer.request_stop()
     await supervisor.close()
+    if consumer is not None:
+        await consumer.wait_stopped(within=settings.drain_grace_secs + 30)
     await server.close()
     log.info("daemon_stopped")

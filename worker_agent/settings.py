@@ -37,6 +37,13 @@ class DaemonSettings(BaseSettings):
     """Grace used when the daemon itself is told to stop (SIGTERM, ``shutdown``)."""
     kill_grace_secs: float = Field(default=5.0, ge=0)
     """How long ``kill`` waits after SIGTERM before SIGKILL."""
+    queue: str | None = Field(default=None, pattern=r"^caliband\.[a-z0-9-]+\.[a-z0-9.-]+$")
+    """``caliband.<namespace>.<name>``: run the Celery consumer of this queue beside the
+    supervisor (``DRAIN_DAEMON_QUEUE``)."""
+    broker_url: str | None = None
+    """The consumer's broker; defaults to ``DRAIN_BROKER_URL``."""
+    task_uid: str | None = None
+    """The CalibanTask uid this pod serves, carried in heartbeats."""
 
     def socket_path(self) -> Path:
         return self.socket if self.socket is not None else self.store / "run" / "caliband.sock"

@@ -1,0 +1,1 @@
+"""Ledger revisions, oldest first: ``0001_initial`` creates the four tables."""

@@ -1,0 +1,859 @@
+"""Every read and write of the checkpoint ledger goes through ``Ledger``.
+
+The Celery tasks, the pipeline, the operator and ``drainctl`` call it. Each call is one
+short transaction that hands back frozen views (``OperationView``, ``CheckpointView``,
+``CheckpointAgentView``, ``ActivityView``), never ORM objects or sessions, so no caller
+can hold a transaction open or lazy-load behind the ledger's back. ``models`` defines
+the tables; ``migrate`` creates them, and ``Ledger`` assumes they are at head.
+
+The same operation can be driven from several processes at once: a redelivered Celery
+message, the deadline sweeper, the operator. Every read-modify-write therefore locks the
+operation row first (``SELECT … FOR UPDATE`` on PostgreSQL; on SQLite every transaction
+is ``BEGIN IMMEDIATE``, which serialises writers on the whole file), and the unique
+constraints (idempotency key, one checkpoint per operation) are the backstop for an
+insert that races past a read: the loser's ``IntegrityError`` is answered with the
+winner's row. Input is validated before any transaction opens, so a bad call writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.dml import Insert
+
+from orchestrator.ledger.models import (
+    AGENT_ID_MAX,
+    CHECKPOINTED_STATES,
+    IDEMPOTENCY_KEY_MAX,
+    LABEL_VALUE_MAX,
+    NAME_MAX,
+    NAMESPACE_MAX,
+    TASK_UID_MAX,
+    Checkpoint,
+    CheckpointAgent,
+    CheckpointReason,
+    DaemonActivity,
+    Operation,
+    OperationKind,
+    OperationState,
+)
+
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+
+SQLITE_BUSY_TIMEOUT_SECS = 30.0
+"""How long a SQLite transaction waits for another writer before "database is locked"."""
+
+LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+"""A Kubernetes label value as checkpoint refs use it (lower case; at most 63 characters)."""
+
+CHECKPOINT_REF_PREFIX = "ckpt-"
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+RESUME_REF_KEYS = ("id", "session_dir", "turns", "session_sha256", "clean", "exit")
+"""The keys every ``ResumeRef`` carries (``worker_agent.proto``); ``error`` is optional."""
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+class LedgerError(Exception):
+    """Base of the ledger's own refusals (bad input raises ``ValueError``)."""
+
+
+class LedgerConflict(LedgerError):
+    """The operation is not in a state that allows what was asked; nothing was written."""
+
+    def __init__(self, op_id: str, current: str, wanted: str, why: str) -> None:
+        self.op_id = op_id
+        self.current = current
+        self.wanted = wanted
+        super().__init__(f"operation {op_id} is {current}, so it cannot become {wanted}: {why}")
+
+
+class UnknownOperation(LedgerError, LookupError):
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(f"operation {op_id!r} is not in the ledger")
+
+
+# ------------------------------------------------------------------------------- views
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    id: str
+    kind: OperationKind
+    task_uid: str
+    namespace: str
+    name: str
+    state: OperationState
+    idempotency_key: str
+    checkpoint_ref: str | None
+    grace_secs: float | None
+    celery_task_ids: Mapping[str, str]
+    detail: Mapping[str, Any] | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    deadline_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAgentView:
+    agent_id: str
+    session_dir: str
+    """Relative to the PVC root."""
+    turns: int
+    session_sha256: str | None
+    clean: bool
+    exit: int | None
+    error: str | None
+
+    def resume_ref(self) -> dict[str, Any]:
+        """This agent as the daemon's ``ResumeRef`` wire shape."""
+        return {
+            "id": self.agent_id,
+            "session_dir": self.session_dir,
+            "turns": self.turns,
+            "session_sha256": self.session_sha256,
+            "clean": self.clean,
+            "exit": self.exit,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointView:
+    id: int
+    ref: str
+    operation_id: str
+    task_uid: str
+    namespace: str
+    name: str
+    reason: CheckpointReason
+    pvc_name: str | None
+    forced: bool
+    verified: bool
+    created_at: datetime
+    agents: tuple[CheckpointAgentView, ...]
+    """Ordered by agent id."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityView:
+    namespace: str
+    name: str
+    task_uid: str | None
+    all_idle_since: datetime | None
+    agents_total: int
+    agents_live: int
+    agents_idle: int
+    reported_at: datetime
+    seq: int
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def create_ledger_engine(url: str) -> Engine:
+    """An engine for the ledger at ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``).
+
+    SQLite gets what a multi-threaded, multi-process ledger needs: foreign keys on, one
+    engine usable from every thread, a busy timeout, and ``BEGIN IMMEDIATE`` so that a
+    transaction's reads cannot go stale before its writes (SQLite's stand-in for row locks).
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            "the ledger database URL is not a SQLAlchemy URL; use sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST:PORT/DB"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_BACKENDS:
+        raise ValueError(
+            f"the ledger supports SQLite and PostgreSQL, not {backend!r} "
+            f"(URL {parsed.render_as_string(hide_password=True)})"
+        )
+    if backend != "sqlite":
+        # pre_ping: a pooled connection that died with a PostgreSQL restart is replaced.
+        return create_engine(parsed, pool_pre_ping=True)
+    in_memory = parsed.database in (None, "", ":memory:")
+    engine = create_engine(
+        parsed,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_SECS},
+        # An in-memory database lives and dies with its one connection.
+        poolclass=StaticPool if in_memory else None,
+    )
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Hand transaction control to SQLAlchemy (the driver's own BEGIN skips SELECTs).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+# ----------------------------------------------------------------------------- ledger
+
+
+class Ledger:
+    """The repository of lifecycle operations, checkpoints and daemon activity."""
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.name not in SUPPORTED_BACKENDS:
+            raise ValueError(
+                f"the ledger supports SQLite and PostgreSQL, not {engine.dialect.name!r}"
+            )
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def from_url(cls, url: str) -> Ledger:
+        return cls(create_ledger_engine(url))
+
+    @property
+    def backend(self) -> str:
+        return self._engine.dialect.name
+
+    def dispose(self) -> None:
+        """Close the pooled connections (the ledger reconnects if used again)."""
+        self._engine.dispose()
+
+    # ------------------------------------------------------------------- operations
+
+    def begin_operation(
+        self,
+        kind: OperationKind | str,
+        *,
+        task_uid: str,
+        namespace: str,
+        name: str,
+        idempotency_key: str,
+        grace_secs: float | None = None,
+        checkpoint_ref: str | None = None,
+        deadline_at: datetime | None = None,
+    ) -> OperationView:
+        """Start an operation in ``pending``, or answer the one this key already started.
+
+        Reusing a key for a different operation (another kind or task) is refused with
+        ``ValueError``, never silently answered with the wrong row.
+        """
+        now = _now()
+        row = Operation(
+            id=str(uuid.uuid4()),
+            kind=_parse_enum(OperationKind, kind, "operation kind"),
+            task_uid=_text("task_uid", task_uid, TASK_UID_MAX),
+            namespace=_text("namespace", namespace, NAMESPACE_MAX),
+            name=_text("name", name, NAME_MAX),
+            state=OperationState.PENDING,
+            idempotency_key=_text("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX),
+            checkpoint_ref=None if checkpoint_ref is None else _label_value(checkpoint_ref),
+            grace_secs=_grace(grace_secs),
+            celery_task_ids={},
+            detail=None,
+            error=None,
+            created_at=now,
+            updated_at=now,
+            deadline_at=_aware("deadline_at", deadline_at),
+            finished_at=None,
+        )
+        # Read before the insert: a failed flush leaves ``row`` detached from a dead session.
+        identity = (row.kind, row.task_uid, row.namespace, row.name)
+        try:
+            with self._sessions.begin() as session:
+                existing = session.scalar(
+                    select(Operation).where(Operation.idempotency_key == idempotency_key)
+                )
+                if existing is None:
+                    session.add(row)
+                    session.flush()
+                    existing = row
+                view = _operation_view(existing)
+        except IntegrityError:
+            # A concurrent call with the same key inserted first; answer its row.
+            found = self.find_operation(idempotency_key)
+            if found is None:
+                raise
+            view = found
+        _check_same_operation(view, identity)
+        return view
+
+    def get_operation(self, op_id: str) -> OperationView | None:
+        with self._sessions.begin() as session:
+            row = session.get(Operation, op_id)
+            return None if row is None else _operation_view(row)
+
+    def find_operation(self, idempotency_key: str) -> OperationView | None:
+        with self._sessions.begin() as session:
+            row = session.scalar(
+                select(Operation).where(Operation.idempotency_key == idempotency_key)
+            )
+            return None if row is None else _operation_view(row)
+
+    def list_operations(
+        self, namespace: str | None = None, name: str | None = None, limit: int = 100
+    ) -> list[OperationView]:
+        """Operations, newest first, optionally of one namespace or one task."""
+        query = select(Operation)
+        if namespace is not None:
+            query = query.where(Operation.namespace == namespace)
+        if name is not None:
+            query = query.where(Operation.name == name)
+        query = query.order_by(Operation.created_at.desc(), Operation.id).limit(_limit(limit))
+        with self._sessions.begin() as session:
+            return [_operation_view(row) for row in session.scalars(query)]
+
+    def overdue_operations(self, now: datetime, limit: int = 100) -> list[OperationView]:
+        """Unfinished operations whose deadline is before ``now``, oldest deadline first."""
+        query = (
+            select(Operation)
+            .where(Operation.state.not_in([s.value for s in OperationState if s.terminal]))
+            .where(Operation.deadline_at < _aware("now", now))
+            .order_by(Operation.deadline_at, Operation.id)
+            .limit(_limit(limit))
+        )
+        with self._sessions.begin() as session:
+            return [_operation_view(row) for row in session.scalars(query)]
+
+    def transition(
+        self,
+        op_id: str,
+        to_state: OperationState | str,
+        *,
+        expect: Sequence[OperationState | str] | None = None,
+        error: str | None = None,
+        celery_task_ids: Mapping[str, str] | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> OperationView:
+        """Move an operation to ``to_state`` if it is in one of ``expect`` (any, if None).
+
+        ``celery_task_ids`` are merged into the stored ones; ``error`` and ``detail``
+        replace theirs when given. A terminal state sets ``finished_at`` and is never
+        left. ``recorded`` and ``forced`` are entered only by ``record_checkpoint``.
+        Raises ``LedgerConflict`` (nothing written) when the state does not allow it.
+        """
+        wanted = _parse_enum(OperationState, to_state, "operation state")
+        if wanted in CHECKPOINTED_STATES:
+            raise ValueError(
+                f"operation state {wanted.value!r} is entered only by record_checkpoint, which "
+                "writes the checkpoint in the same transaction; call that instead"
+            )
+        expected = (
+            None
+            if expect is None
+            else frozenset(_parse_enum(OperationState, s, "expected state") for s in expect)
+        )
+        error = _optional_str("error", error)
+        new_ids = None if celery_task_ids is None else _celery_ids(celery_task_ids)
+        new_detail = None if detail is None else _json_object("detail", detail)
+        with self._sessions.begin() as session:
+            row = _lock_operation(session, op_id)
+            current = OperationState(row.state)
+            if current.terminal:
+                raise LedgerConflict(op_id, current, wanted, "it has finished")
+            if expected is not None and current not in expected:
+                allowed = ", ".join(sorted(expected))
+                raise LedgerConflict(op_id, current, wanted, f"the caller expected {allowed}")
+            now = _now()
+            row.state = wanted
+            row.updated_at = now
+            if wanted.terminal:
+                row.finished_at = now
+            if error is not None:
+                row.error = error
+            if new_ids:
+                row.celery_task_ids = {**row.celery_task_ids, **new_ids}
+            if new_detail is not None:
+                row.detail = new_detail
+            return _operation_view(row)
+
+    def expire_operation(self, op_id: str, reason: str) -> OperationView:
+        """Fail an unfinished operation with ``reason``; a finished one is answered as is.
+
+        The deadline watchdog calls this; repeating it, or racing the chain that finishes
+        the operation, is harmless: whichever commits first decides.
+        """
+        reason = _text("reason", reason, max_len=None)
+        with self._sessions.begin() as session:
+            row = _lock_operation(session, op_id)
+            if OperationState(row.state).terminal:
+                return _operation_view(row)
+            now = _now()
+            row.state = OperationState.FAILED
+            row.error = reason
+            row.updated_at = now
+            row.finished_at = now
+            return _operation_view(row)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def record_checkpoint(
+        self,
+        op_id: str,
+        refs: Sequence[Mapping[str, Any]],
+        *,
+        reason: CheckpointReason | str,
+        pvc_name: str | None = None,
+        forced: bool = False,
+    ) -> CheckpointView:
+        """Record the operation's checkpoint from the daemon's resume refs, exactly once.
+
+        One transaction writes the checkpoint, its agents, and the operation's move to
+        ``recorded`` (``forced`` if ``forced``) with its ``checkpoint_ref``. If the
+        operation already has a checkpoint, that one is answered unchanged, whatever
+        this call carries: a redelivered task never produces a second. A finished
+        operation without one (``failed``), or one that consumes checkpoints (resume,
+        restore), is refused with ``LedgerConflict``.
+        """
+        why = _parse_enum(CheckpointReason, reason, "checkpoint reason")
+        pvc = None if pvc_name is None else _text("pvc_name", pvc_name, NAME_MAX)
+        if not isinstance(forced, bool):
+            raise ValueError(f"forced must be a bool, not {forced!r}")
+        agents = _parse_resume_refs(refs)
+        wanted = OperationState.FORCED if forced else OperationState.RECORDED
+        try:
+            with self._sessions.begin() as session:
+                op = _lock_operation(session, op_id)
+                existing = self._checkpoint_of(session, op_id)
+                if existing is not None:
+                    return _checkpoint_view(existing)
+                current = OperationState(op.state)
+                kind = OperationKind(op.kind)
+                if not kind.records_checkpoint:
+                    raise LedgerConflict(
+                        op_id, current, wanted, f"a {kind.value} operation consumes a checkpoint"
+                    )
+                if current.terminal:
+                    raise LedgerConflict(op_id, current, wanted, "it finished without a checkpoint")
+                now = _now()
+                checkpoint = Checkpoint(
+                    ref=checkpoint_ref_for(op_id),
+                    operation_id=op_id,
+                    task_uid=op.task_uid,
+                    namespace=op.namespace,
+                    name=op.name,
+                    reason=why,
+                    pvc_name=pvc,
+                    forced=forced,
+                    verified=all(agent.clean for agent in agents),
+                    created_at=now,
+                    agents=[_agent_row(agent) for agent in agents],
+                )
+                session.add(checkpoint)
+                op.state = wanted
+                op.checkpoint_ref = checkpoint.ref
+                op.updated_at = now
+                op.finished_at = now
+                session.flush()
+                return _checkpoint_view(checkpoint)
+        except IntegrityError:
+            # UNIQUE(operation_id): a concurrent call recorded this operation first.
+            with self._sessions.begin() as session:
+                existing = self._checkpoint_of(session, op_id)
+                if existing is None:
+                    raise
+                return _checkpoint_view(existing)
+
+    def get_checkpoint(self, ref: str) -> CheckpointView | None:
+        with self._sessions.begin() as session:
+            row = session.scalar(
+                select(Checkpoint)
+                .where(Checkpoint.ref == ref)
+                .options(selectinload(Checkpoint.agents))
+            )
+            return None if row is None else _checkpoint_view(row)
+
+    def list_checkpoints(
+        self, namespace: str | None = None, name: str | None = None, limit: int = 100
+    ) -> list[CheckpointView]:
+        """Checkpoints, newest first, optionally of one namespace or one task."""
+        query = select(Checkpoint).options(selectinload(Checkpoint.agents))
+        if namespace is not None:
+            query = query.where(Checkpoint.namespace == namespace)
+        if name is not None:
+            query = query.where(Checkpoint.name == name)
+        query = query.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(
+            _limit(limit)
+        )
+        with self._sessions.begin() as session:
+            return [_checkpoint_view(row) for row in session.scalars(query)]
+
+    def latest_checkpoint(self, namespace: str, name: str) -> CheckpointView | None:
+        """The newest checkpoint of the task ``namespace/name`` (deleted tasks included)."""
+        newest = self.list_checkpoints(namespace, name, limit=1)
+        return newest[0] if newest else None
+
+    def _checkpoint_of(self, session: Session, op_id: str) -> Checkpoint | None:
+        return session.scalar(
+            select(Checkpoint)
+            .where(Checkpoint.operation_id == op_id)
+            .options(selectinload(Checkpoint.agents))
+        )
+
+    # --------------------------------------------------------------------- activity
+
+    def record_activity(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        task_uid: str | None,
+        all_idle_since: datetime | None,
+        agents_total: int,
+        agents_live: int,
+        agents_idle: int,
+        seq: int,
+        reported_at: datetime,
+    ) -> ActivityView:
+        """Keep a daemon's heartbeat unless a newer one (higher ``seq``) is stored already.
+
+        Answers what is stored afterwards, so a caller sees whether its heartbeat won.
+        ``seq`` must grow across daemon restarts (wall-clock nanoseconds do), or a
+        restarted daemon's heartbeats are ignored until it passes its old count.
+        """
+        total = _count("agents_total", agents_total)
+        live = _count("agents_live", agents_live)
+        idle = _count("agents_idle", agents_idle)
+        if not idle <= live <= total:
+            raise ValueError(
+                f"activity of {namespace}/{name}: need agents_idle <= agents_live <= "
+                f"agents_total, got {idle}, {live}, {total}"
+            )
+        values: dict[str, Any] = {
+            "namespace": _text("namespace", namespace, NAMESPACE_MAX),
+            "name": _text("name", name, NAME_MAX),
+            "task_uid": None if task_uid is None else _text("task_uid", task_uid, TASK_UID_MAX),
+            "all_idle_since": _aware("all_idle_since", all_idle_since),
+            "agents_total": total,
+            "agents_live": live,
+            "agents_idle": idle,
+            "reported_at": _aware("reported_at", reported_at),
+            "seq": _count("seq", seq),
+        }
+        if values["reported_at"] is None:
+            raise ValueError("reported_at is required")
+        with self._sessions.begin() as session:
+            session.execute(_newer_heartbeat_upsert(self.backend, values))
+            row = session.get(DaemonActivity, (namespace, name), populate_existing=True)
+            assert row is not None  # the upsert inserted it or it was there
+            return _activity_view(row)
+
+    def get_activity(self, namespace: str, name: str) -> ActivityView | None:
+        with self._sessions.begin() as session:
+            row = session.get(DaemonActivity, (namespace, name))
+            return None if row is None else _activity_view(row)
+
+
+def checkpoint_ref_for(op_id: str) -> str:
+    """The checkpoint ref an operation's checkpoint gets: derived from its id alone, so a
+    redelivered ``record_checkpoint`` computes the same one. A valid label value."""
+    return CHECKPOINT_REF_PREFIX + hashlib.sha256(op_id.encode()).hexdigest()[:20]
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= LABEL_VALUE_MAX and LABEL_VALUE.match(value) is not None
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _lock_operation(session: Session, op_id: str) -> Operation:
+    row = session.scalar(select(Operation).where(Operation.id == op_id).with_for_update())
+    if row is None:
+        raise UnknownOperation(op_id)
+    return row
+
+
+def _newer_heartbeat_upsert(backend: str, values: dict[str, Any]) -> Insert:
+    """INSERT … ON CONFLICT DO UPDATE … WHERE stored.seq < new.seq: atomic on both
+    backends, so concurrent heartbeats never regress the stored one."""
+    updated = [key for key in values if key not in ("namespace", "name")]
+    keys = [DaemonActivity.namespace, DaemonActivity.name]
+    if backend == "postgresql":
+        pg = postgresql.insert(DaemonActivity).values(values)
+        return pg.on_conflict_do_update(
+            index_elements=keys,
+            set_={key: pg.excluded[key] for key in updated},
+            where=DaemonActivity.seq < pg.excluded.seq,
+        )
+    lite = sqlite.insert(DaemonActivity).values(values)
+    return lite.on_conflict_do_update(
+        index_elements=keys,
+        set_={key: lite.excluded[key] for key in updated},
+        where=DaemonActivity.seq < lite.excluded.seq,
+    )
+
+
+def _operation_view(row: Operation) -> OperationView:
+    return OperationView(
+        id=row.id,
+        kind=OperationKind(row.kind),
+        task_uid=row.task_uid,
+        namespace=row.namespace,
+        name=row.name,
+        state=OperationState(row.state),
+        idempotency_key=row.idempotency_key,
+        checkpoint_ref=row.checkpoint_ref,
+        grace_secs=row.grace_secs,
+        celery_task_ids=dict(row.celery_task_ids),
+        detail=copy.deepcopy(row.detail),
+        error=row.error,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        deadline_at=row.deadline_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _agent_view(row: CheckpointAgent) -> CheckpointAgentView:
+    return CheckpointAgentView(
+        agent_id=row.agent_id,
+        session_dir=row.session_dir,
+        turns=row.turns,
+        session_sha256=row.session_sha256,
+        clean=row.clean,
+        exit=row.exit,
+        error=row.error,
+    )
+
+
+def _agent_row(agent: CheckpointAgentView) -> CheckpointAgent:
+    return CheckpointAgent(
+        agent_id=agent.agent_id,
+        session_dir=agent.session_dir,
+        turns=agent.turns,
+        session_sha256=agent.session_sha256,
+        clean=agent.clean,
+        exit=agent.exit,
+        error=agent.error,
+    )
+
+
+def _checkpoint_view(row: Checkpoint) -> CheckpointView:
+    return CheckpointView(
+        id=row.id,
+        ref=row.ref,
+        operation_id=row.operation_id,
+        task_uid=row.task_uid,
+        namespace=row.namespace,
+        name=row.name,
+        reason=CheckpointReason(row.reason),
+        pvc_name=row.pvc_name,
+        forced=row.forced,
+        verified=row.verified,
+        created_at=row.created_at,
+        # Sorted here, not by the database, so the order is the same on every collation.
+        agents=tuple(sorted((_agent_view(a) for a in row.agents), key=lambda a: a.agent_id)),
+    )
+
+
+def _activity_view(row: DaemonActivity) -> ActivityView:
+    return ActivityView(
+        namespace=row.namespace,
+        name=row.name,
+        task_uid=row.task_uid,
+        all_idle_since=row.all_idle_since,
+        agents_total=row.agents_total,
+        agents_live=row.agents_live,
+        agents_idle=row.agents_idle,
+        reported_at=row.reported_at,
+        seq=row.seq,
+    )
+
+
+def _check_same_operation(existing: OperationView, wanted: tuple[str, str, str, str]) -> None:
+    """``wanted`` is (kind, task_uid, namespace, name) of the operation a caller started."""
+    if (existing.kind, existing.task_uid, existing.namespace, existing.name) != wanted:
+        kind, _, namespace, name = wanted
+        raise ValueError(
+            f"idempotency key {existing.idempotency_key!r} already names operation "
+            f"{existing.id} ({existing.kind.value} of {existing.namespace}/{existing.name}, "
+            f"task {existing.task_uid}); a {kind} of {namespace}/{name} needs its own key"
+        )
+
+
+# ------------------------------------------------------------------- input validation
+
+
+def _parse_enum(enum: type[_E], value: object, what: str) -> _E:
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(member.value for member in enum)
+    raise ValueError(f"unknown {what} {value!r}; expected one of: {allowed}")
+
+
+def _text(what: str, value: object, max_len: int | None) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if max_len is not None and len(value) > max_len:
+        raise ValueError(f"{what} {value[:40]!r}… has {len(value)} characters; at most {max_len}")
+    return value
+
+
+def _optional_str(what: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} must be a string or None, not {value!r}")
+    return value
+
+
+def _count(what: str, value: object) -> int:
+    # bool is an int to Python, never a count to us.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
+    return limit
+
+
+def _grace(value: object) -> float | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"grace_secs must be a non-negative number of seconds, not {value!r}")
+    return float(value)
+
+
+def _aware(what: str, value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, not {value!r}")
+    return value.astimezone(UTC)
+
+
+def _label_value(value: object) -> str:
+    if not isinstance(value, str) or not is_label_value(value):
+        raise ValueError(
+            f"checkpoint ref {value!r} is not a Kubernetes label value "
+            "([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)"
+        )
+    return value
+
+
+def _json_object(what: str, value: object) -> dict[str, Any]:
+    """A deep copy of a JSON object; anything ``json`` cannot carry is refused."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a JSON object (a mapping), not {type(value).__name__}")
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from None
+    return copied
+
+
+def _celery_ids(value: Mapping[str, str]) -> dict[str, str]:
+    ids = _json_object("celery_task_ids", value)
+    for step, task_id in ids.items():
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError(f"celery_task_ids[{step!r}] must be a task id string, not {task_id!r}")
+    return ids
+
+
+def _relative_dir(what: str, value: object) -> str:
+    text = _text(what, value, max_len=None)
+    path = PurePosixPath(text)
+    if "\x00" in text or path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"{what} {text!r} must be relative to the PVC root, without '..' (e.g. agents/<id>)"
+        )
+    return text
+
+
+def _parse_resume_refs(refs: object) -> list[CheckpointAgentView]:
+    """The daemon's ``ResumeRef`` dicts as agent views, or ``ValueError`` naming the flaw.
+
+    Unknown keys are ignored, so a newer daemon's richer refs still record.
+    """
+    if isinstance(refs, str | bytes) or not isinstance(refs, Sequence):
+        raise ValueError(f"refs must be a list of ResumeRef objects, not {type(refs).__name__}")
+    agents: list[CheckpointAgentView] = []
+    seen: set[str] = set()
+    for index, ref in enumerate(refs):
+        if not isinstance(ref, Mapping):
+            raise ValueError(f"resume ref #{index} is a {type(ref).__name__}, not an object")
+        missing = [key for key in RESUME_REF_KEYS if key not in ref]
+        if missing:
+            raise ValueError(
+                f"resume ref #{index} lacks the key {missing[0]!r}; every resume ref carries "
+                f"{', '.join(RESUME_REF_KEYS)}"
+            )
+        agent_id = _text(f"resume ref #{index}: id", ref["id"], AGENT_ID_MAX)
+        where = f"resume ref of agent {agent_id!r}"
+        if agent_id in seen:
+            raise ValueError(f"{where} appears twice; a checkpoint holds each agent once")
+        seen.add(agent_id)
+        sha256 = ref["session_sha256"]
+        if sha256 is not None and (not isinstance(sha256, str) or not _SHA256_HEX.match(sha256)):
+            raise ValueError(f"{where}: session_sha256 must be 64 lower-case hex digits or null")
+        clean = ref["clean"]
+        if not isinstance(clean, bool):
+            raise ValueError(f"{where}: clean must be true or false, not {clean!r}")
+        exit_code = ref["exit"]
+        if exit_code is not None and (
+            not isinstance(exit_code, int) or isinstance(exit_code, bool)
+        ):
+            raise ValueError(f"{where}: exit must be an integer or null, not {exit_code!r}")
+        agents.append(
+            CheckpointAgentView(
+                agent_id=agent_id,
+                session_dir=_relative_dir(f"{where}: session_dir", ref["session_dir"]),
+                turns=_count(f"{where}: turns", ref["turns"]),
+                session_sha256=sha256,
+                clean=clean,
+                exit=exit_code,
+                error=_optional_str(f"{where}: error", ref.get("error")),
+            )
+        )
+    return agents

@@ -1,0 +1,150 @@
+"""Starting lifecycle operations: a ledger row first, then the Celery chain.
+
+The operator and ``drainctl drain|resume`` both come through here. The order is what
+makes a crash anywhere harmless: the operation row (unique by idempotency key) is
+written first, the chain is sent, and only then is the row moved to ``draining`` /
+``resuming``. Sending twice is safe (the daemon answers a repeated drain from its
+journal; the ledger records one checkpoint per operation); never sending is caught by
+the deadline sweeper, which fails the operation with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from celery import Celery, chain
+
+from orchestrator.celery_app import (
+    DAEMON_DRAIN,
+    DAEMON_RESUME,
+    ORCHESTRATOR_QUEUE,
+    RECORD_CHECKPOINT,
+    RECORD_RESUME,
+    daemon_queue,
+)
+from orchestrator.ledger import Ledger, LedgerConflict, OperationView
+from orchestrator.settings import Settings
+
+TERMINAL = frozenset({"recorded", "forced", "failed", "resumed"})
+
+
+def start_drain(
+    app: Celery,
+    ledger: Ledger,
+    settings: Settings,
+    *,
+    namespace: str,
+    name: str,
+    task_uid: str | None = None,
+    grace_secs: float | None = None,
+    kind: str = "drain",
+    reason: str = "manual",
+    pvc_name: str | None = None,
+    idempotency_key: str | None = None,
+) -> OperationView:
+    """Enqueue drain (daemon queue) → record_checkpoint (orchestrator queue)."""
+    queue = daemon_queue(namespace, name)
+    grace = settings.default_grace_secs if grace_secs is None else grace_secs
+    deadline = datetime.now(UTC) + timedelta(
+        seconds=settings.drain_expires_secs + grace + settings.record_deadline_secs
+    )
+    op = ledger.begin_operation(
+        kind,
+        task_uid=task_uid or f"{namespace}/{name}",
+        namespace=namespace,
+        name=name,
+        idempotency_key=idempotency_key or f"{kind}:{namespace}/{name}:{time.time_ns()}",
+        grace_secs=grace,
+        deadline_at=deadline,
+    )
+    if op.state != "pending":
+        return op  # already started by an earlier call with the same key
+    drain = app.signature(
+        DAEMON_DRAIN,
+        kwargs={"op_id": op.id, "grace_secs": grace},
+        queue=queue,
+        expires=settings.drain_expires_secs,
+    ).set(task_id=f"{op.id}.drain")
+    record = app.signature(
+        RECORD_CHECKPOINT,
+        kwargs={"op_id": op.id, "reason": reason, "pvc_name": pvc_name},
+        queue=ORCHESTRATOR_QUEUE,
+    ).set(task_id=f"{op.id}.record")
+    chain(drain, record).apply_async()
+    return _advance(
+        ledger, op, "draining", {"drain": f"{op.id}.drain", "record": f"{op.id}.record"}
+    )
+
+
+def start_resume(
+    app: Celery,
+    ledger: Ledger,
+    settings: Settings,
+    *,
+    namespace: str,
+    name: str,
+    checkpoint_ref: str,
+    task_uid: str | None = None,
+    kind: str = "resume",
+    idempotency_key: str | None = None,
+) -> OperationView:
+    """Enqueue resume (daemon queue; waits there for the pod) → record_resume."""
+    queue = daemon_queue(namespace, name)
+    deadline = datetime.now(UTC) + timedelta(
+        seconds=settings.resume_expires_secs + settings.record_deadline_secs
+    )
+    op = ledger.begin_operation(
+        kind,
+        task_uid=task_uid or f"{namespace}/{name}",
+        namespace=namespace,
+        name=name,
+        idempotency_key=idempotency_key or f"{kind}:{namespace}/{name}:{time.time_ns()}",
+        checkpoint_ref=checkpoint_ref,
+        deadline_at=deadline,
+    )
+    if op.state != "pending":
+        return op
+    checkpoint = ledger.get_checkpoint(checkpoint_ref)
+    if checkpoint is None:
+        return ledger.transition(
+            op.id, "failed", error=f"unknown checkpoint ref {checkpoint_ref!r}: not in the ledger"
+        )
+    agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
+    resume = app.signature(
+        DAEMON_RESUME,
+        kwargs={"op_id": op.id, "agents": agents},
+        queue=queue,
+        expires=settings.resume_expires_secs,
+    ).set(task_id=f"{op.id}.resume")
+    record = app.signature(RECORD_RESUME, kwargs={"op_id": op.id}, queue=ORCHESTRATOR_QUEUE).set(
+        task_id=f"{op.id}.record"
+    )
+    chain(resume, record).apply_async()
+    return _advance(
+        ledger, op, "resuming", {"resume": f"{op.id}.resume", "record": f"{op.id}.record"}
+    )
+
+
+def _advance(
+    ledger: Ledger, op: OperationView, state: str, celery_ids: dict[str, str]
+) -> OperationView:
+    try:
+        return ledger.transition(op.id, state, expect=("pending",), celery_task_ids=celery_ids)
+    except LedgerConflict:
+        # The chain already finished (or the sweeper failed it): the row is further on.
+        current = ledger.get_operation(op.id)
+        assert current is not None
+        return current
+
+
+def wait_for_operation(ledger: Ledger, op_id: str, timeout: float) -> OperationView:
+    """Poll the ledger until the operation is terminal or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        op = ledger.get_operation(op_id)
+        if op is None:
+            raise LookupError(f"operation {op_id} is not in the ledger")
+        if op.state in TERMINAL or time.monotonic() > deadline:
+            return op
+        time.sleep(0.2)

@@ -1,0 +1,179 @@
+"""The Celery pipeline end to end: drain → record → resume → drain again, with a real
+Redis broker, a real ledger (SQLite and PostgreSQL), and the orchestrator worker,
+daemons, consumers, agents and ``drainctl`` as real subprocesses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import CheckpointView
+from tests.pipeline_support import Stack, fresh_postgres, fresh_sqlite, redis_db_url
+from tests.support import DaemonProcess, wait_until
+from worker_agent.session import count_completed_turns, load_session
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def stack(request: pytest.FixtureRequest, tmp_short: Path) -> Iterator[Stack]:
+    database = fresh_sqlite(tmp_short) if request.param == "sqlite" else fresh_postgres()
+    s = Stack(tmp_short, redis_db_url(), database)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def spawn(daemon: DaemonProcess, count: int, model: str, min_turns: int) -> list[str]:
+    with daemon.client() as client:
+        ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
+    wait_until(
+        lambda: all(r.turns >= min_turns for r in daemon.records().values()),
+        60,
+        f"{count} agents to complete {min_turns} turns",
+    )
+    return ids
+
+
+def assert_checkpoint_matches_disk(checkpoint: CheckpointView, daemon: DaemonProcess) -> None:
+    for agent in checkpoint.agents:
+        directory = daemon.store / agent.session_dir
+        session = load_session(directory)
+        assert agent.turns == session.turns == count_completed_turns(directory), agent
+        assert agent.session_sha256 == session.sha256
+        assert agent.clean
+
+
+def test_drain_record_resume_drain_again_accounts_for_every_turn(stack: Stack) -> None:
+    stack.start_worker()
+    daemon = stack.start_daemon("team-a", "task-1")
+    ids = spawn(daemon, 4, "turns=100000,turn_ms=50", 2)
+
+    drained = stack.drainctl("drain", "team-a/task-1", "--grace", "10", "--wait", "--timeout", "90")
+    assert drained.returncode == 0, drained.stderr
+    first_ref = drained.stdout.strip()
+    first = stack.ledger.get_checkpoint(first_ref)
+    assert first is not None
+    assert sorted(a.agent_id for a in first.agents) == sorted(ids)
+    assert first.verified
+    assert_checkpoint_matches_disk(first, daemon)
+    saved = {a.agent_id: load_session(daemon.store / a.session_dir).messages for a in first.agents}
+
+    resumed = stack.drainctl(
+        "resume", "team-a/task-1", "--checkpoint", first_ref, "--wait", "--timeout", "90"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    turns_then = {a.agent_id: a.turns for a in first.agents}
+    wait_until(
+        lambda: all(r.turns > turns_then[r.id] for r in daemon.records().values()),
+        60,
+        "resumed agents to do new turns",
+    )
+
+    again = stack.drainctl("drain", "team-a/task-1", "--wait", "--timeout", "90")
+    assert again.returncode == 0, again.stderr
+    second = stack.ledger.get_checkpoint(again.stdout.strip())
+    assert second is not None
+    assert second.ref != first.ref
+    assert_checkpoint_matches_disk(second, daemon)
+    for agent in second.agents:
+        assert agent.turns > turns_then[agent.agent_id]
+        messages = load_session(daemon.store / agent.session_dir).messages
+        assert messages[: len(saved[agent.agent_id])] == saved[agent.agent_id]
+
+    listing = stack.drainctl("ledger", "ls", "--task", "team-a/task-1")
+    assert first.ref in listing.stdout
+    assert second.ref in listing.stdout
+    shown = stack.drainctl("ledger", "--json", "show", first.ref)
+    assert '"verified": true' in shown.stdout
+    ops = stack.ledger.list_operations(namespace="team-a", name="task-1")
+    assert sorted(op.state for op in ops) == ["recorded", "recorded", "resumed"]
+
+
+def test_heartbeats_report_all_idle_since(stack: Stack) -> None:
+    stack.start_worker()
+    daemon = stack.start_daemon("team-a", "idle-task")
+    spawn(daemon, 2, "turns=2,turn_ms=10", 2)
+
+    def idle_reported() -> bool:
+        activity = stack.ledger.get_activity("team-a", "idle-task")
+        return bool(activity and activity.agents_idle == 2 and activity.all_idle_since)
+
+    wait_until(idle_reported, 30, "a heartbeat saying both agents are idle")
+    activity = stack.ledger.get_activity("team-a", "idle-task")
+    assert activity is not None
+    assert (activity.agents_total, activity.agents_live) == (2, 2)
+
+
+def test_resume_of_an_unknown_checkpoint_is_a_recorded_failure(stack: Stack) -> None:
+    """Tried: resume naming a checkpoint ref the ledger never had."""
+    result = stack.drainctl("resume", "team-a/task-1", "--checkpoint", "ckpt-nope", "--wait")
+    assert result.returncode == 1
+    assert "unknown checkpoint ref 'ckpt-nope'" in result.stderr
+    [op] = stack.ledger.list_operations(namespace="team-a", name="task-1")
+    assert op.state == "failed"
+    assert op.error is not None
+    assert "ckpt-nope" in op.error
+
+
+def test_resume_with_missing_and_corrupt_session_dirs_resumes_the_rest(stack: Stack) -> None:
+    """Tried: one agent's session dir deleted, another's session.json truncated."""
+    stack.start_worker()
+    daemon = stack.start_daemon("team-a", "task-2")
+    healthy, missing, corrupt = spawn(daemon, 3, "turns=100000,turn_ms=30", 2)
+    drained = stack.drainctl("drain", "team-a/task-2", "--wait", "--timeout", "90")
+    ref = drained.stdout.strip()
+    with daemon.client() as client:
+        client.call("rm", id=missing)
+    path = daemon.store / "agents" / corrupt / "session.json"
+    path.write_bytes(path.read_bytes()[:20])
+
+    resumed = stack.drainctl("resume", "team-a/task-2", "--checkpoint", ref, "--json", "--wait")
+    assert resumed.returncode == 0, resumed.stderr
+    ops = [op for op in stack.ledger.list_operations(namespace="team-a", name="task-2")]
+    [op] = [op for op in ops if op.kind == "resume"]
+    assert op.state == "resumed"
+    assert op.error is not None
+    assert missing in op.error
+    assert corrupt in op.error
+    assert "not valid JSON" in op.error
+    assert op.detail is not None
+    outcome = {r["id"]: r["ok"] for r in op.detail["results"]}
+    assert outcome == {healthy: True, missing: False, corrupt: False}
+    wait_until(lambda: daemon.records()[healthy].status.live, 30, "the healthy agent to run again")
+
+
+def test_a_drain_for_a_daemon_that_is_gone_expires_and_is_reported(
+    tmp_short: Path,
+) -> None:
+    """Tried: drain a task whose daemon never comes up; later a consumer does start."""
+    stack = Stack(
+        tmp_short,
+        redis_db_url(),
+        fresh_sqlite(tmp_short),
+        DRAIN_DRAIN_EXPIRES_SECS="2",
+        DRAIN_RECORD_DEADLINE_SECS="1",
+    )
+    try:
+        stack.start_worker()
+        result = stack.drainctl(
+            "drain", "team-a/ghost", "--grace", "0", "--wait", "--timeout", "60"
+        )
+        assert result.returncode == 1
+        assert "did not answer" in result.stderr
+        [op] = stack.ledger.list_operations(namespace="team-a", name="ghost")
+        assert op.state == "failed"
+        # A consumer that shows up late discards the expired drain instead of running it.
+        daemon = stack.start_daemon("team-a", "ghost")
+        wait_until(
+            lambda: (
+                "Discarding revoked task: caliban.daemon.drain"
+                in (daemon.root / "daemon.log").read_text()
+            ),
+            60,
+            "the late consumer to discard the expired message",
+        )
+        assert not (daemon.store / "ops").exists()
+    finally:
+        stack.close()

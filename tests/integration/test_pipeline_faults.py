@@ -1,0 +1,276 @@
+"""Faults in the pipeline: killed consumers and workers, restarted Redis and PostgreSQL,
+forbidden serializers and unknown tasks. Each ends with nothing lost and nothing
+recorded twice."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from kombu import Connection, Exchange, Producer, Queue
+
+from tests.pipeline_support import (
+    PG_URL,
+    Stack,
+    consumer_pid,
+    fresh_postgres,
+    fresh_sqlite,
+    kill_hard,
+    private_redis,
+    redis_db_url,
+    start_redis,
+)
+from tests.support import DaemonProcess, wait_until
+from worker_agent.proto import AgentStatus
+from worker_agent.session import count_completed_turns, load_session
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pg_stack(tmp_short: Path) -> Iterator[Stack]:
+    s = Stack(tmp_short, redis_db_url(), fresh_postgres())
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def spawn(daemon: DaemonProcess, count: int, model: str, min_turns: int) -> list[str]:
+    with daemon.client() as client:
+        ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
+    wait_until(
+        lambda: all(r.turns >= min_turns for r in daemon.records().values()),
+        60,
+        f"agents to complete {min_turns} turns",
+    )
+    return ids
+
+
+def checkpoint_rows(url: str) -> tuple[int, int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            checkpoints = conn.execute(sa.text("SELECT count(*) FROM checkpoints")).scalar_one()
+            agents = conn.execute(sa.text("SELECT count(*) FROM checkpoint_agents")).scalar_one()
+    finally:
+        engine.dispose()
+    return int(checkpoints), int(agents)
+
+
+def assert_nothing_lost(stack: Stack, daemon: DaemonProcess, ref: str) -> None:
+    checkpoint = stack.ledger.get_checkpoint(ref)
+    assert checkpoint is not None
+    for agent in checkpoint.agents:
+        directory = daemon.store / agent.session_dir
+        assert agent.turns == load_session(directory).turns == count_completed_turns(directory)
+
+
+def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: Stack) -> None:
+    """Tried: SIGKILL of the daemon-side consumer while its drain task runs."""
+    pg_stack.start_worker()
+    daemon = pg_stack.start_daemon("team-a", "task-k")
+    # Long turns: each agent finishes its in-flight turn inside the grace, so the drain
+    # takes seconds and the consumer can be killed while it waits for the reply.
+    spawn(daemon, 3, "turns=100000,turn_ms=3000", 1)
+    wait_until(lambda: consumer_pid(daemon), 30, "the consumer")
+    started = pg_stack.drainctl("drain", "team-a/task-k", "--grace", "20")
+    assert started.returncode == 0, started.stderr
+    wait_until(
+        lambda: any(r.status is AgentStatus.DRAINING for r in daemon.records().values()),
+        30,
+        "the drain to be under way",
+    )
+    first = consumer_pid(daemon)
+    assert first is not None
+    kill_hard(first)
+    wait_until(lambda: consumer_pid(daemon) not in (None, first), 30, "a restarted consumer")
+
+    [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-k")
+    wait_until(
+        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
+        90,
+        "the redelivered drain to be recorded",
+    )
+    final = pg_stack.ledger.get_operation(op.id)
+    assert final is not None
+    assert final.checkpoint_ref is not None
+    assert checkpoint_rows(PG_URL) == (1, 3)
+    assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
+
+
+def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
+    pg_stack: Stack,
+) -> None:
+    """Tried: SIGKILL of the orchestrator worker while record_checkpoint is inside its
+    transaction (held there by a table lock the test takes)."""
+    worker = pg_stack.start_worker("worker-1")
+    daemon = pg_stack.start_daemon("team-a", "task-r")
+    spawn(daemon, 3, "turns=100000,turn_ms=30", 2)
+    engine = sa.create_engine(PG_URL)
+    try:
+        with engine.connect() as blocker:
+            tx = blocker.begin()
+            blocker.execute(sa.text("LOCK TABLE checkpoints IN ACCESS EXCLUSIVE MODE"))
+            started = pg_stack.drainctl("drain", "team-a/task-r")
+            assert started.returncode == 0, started.stderr
+
+            def record_waiting() -> bool:
+                rows = blocker.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                        "AND relation = 'checkpoints'::regclass"
+                    )
+                ).scalar_one()
+                return bool(rows)
+
+            wait_until(record_waiting, 60, "record_checkpoint to block on the lock")
+            kill_hard(worker.pid)
+            worker.wait(10)
+            tx.rollback()
+    finally:
+        engine.dispose()
+    pg_stack.start_worker("worker-2")
+    [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-r")
+    wait_until(
+        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
+        90,
+        "the redelivered record_checkpoint",
+    )
+    assert checkpoint_rows(PG_URL) == (1, 3)
+    final = pg_stack.ledger.get_operation(op.id)
+    assert final is not None
+    assert final.checkpoint_ref is not None
+    assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
+
+
+def _postgres_ctl(action: str) -> None:
+    if shutil.which("pg_ctlcluster") is None:
+        pytest.skip("pg_ctlcluster is not installed: cannot restart PostgreSQL")
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_postgres_restarted_between_drain_and_record_completes(pg_stack: Stack) -> None:
+    """Tried: PostgreSQL down when record_checkpoint runs; it comes back later."""
+    daemon = pg_stack.start_daemon("team-a", "task-p")
+    spawn(daemon, 2, "turns=100000,turn_ms=30", 2)
+    started = pg_stack.drainctl("drain", "team-a/task-p")
+    assert started.returncode == 0, started.stderr
+    [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-p")
+    wait_until(
+        lambda: all(r.status is AgentStatus.DRAINED for r in daemon.records().values()),
+        60,
+        "the daemon to drain (the record message now waits on the orchestrator queue)",
+    )
+    pg_stack.ledger.dispose()
+    _postgres_ctl("stop")
+    try:
+        pg_stack.start_worker()
+        wait_until(lambda: "Retry in" in pg_stack.worker_log(), 60, "record_checkpoint to retry")
+    finally:
+        _postgres_ctl("start")
+    wait_until(
+        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
+        120,
+        "the record after PostgreSQL returned",
+    )
+    assert checkpoint_rows(PG_URL) == (1, 2)
+
+
+def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: Path) -> None:
+    """Tried: the broker restarted (losing everything it held) while a drain runs."""
+    with private_redis() as (url, proc, port):
+        stack = Stack(
+            tmp_short,
+            url,
+            fresh_sqlite(tmp_short),
+            DRAIN_DRAIN_EXPIRES_SECS="20",
+            DRAIN_RECORD_DEADLINE_SECS="10",
+        )
+        try:
+            stack.start_worker()
+            daemon = stack.start_daemon("team-a", "task-b")
+            spawn(daemon, 2, "turns=100000,turn_ms=3000", 1)
+            started = stack.drainctl("drain", "team-a/task-b", "--grace", "20")
+            assert started.returncode == 0, started.stderr
+            wait_until(
+                lambda: any(r.status is AgentStatus.DRAINING for r in daemon.records().values()),
+                30,
+                "the drain to be under way",
+            )
+            proc.terminate()
+            proc.wait(10)
+            proc = start_redis(port)
+            [op] = stack.ledger.list_operations(namespace="team-a", name="task-b")
+
+            def settled() -> bool:
+                current = stack.ledger.get_operation(op.id)
+                return current is not None and current.state in ("recorded", "failed")
+
+            wait_until(settled, 120, "the operation to be recorded or failed")
+            final = stack.ledger.get_operation(op.id)
+            assert final is not None
+            checkpoints = stack.ledger.list_checkpoints(namespace="team-a", name="task-b")
+            if final.state == "recorded":
+                assert [c.ref for c in checkpoints] == [final.checkpoint_ref]
+                assert final.checkpoint_ref is not None
+                assert_nothing_lost(stack, daemon, final.checkpoint_ref)
+            else:
+                assert final.error
+                assert checkpoints == []  # never half-recorded
+        finally:
+            stack.close()
+            proc.terminate()
+
+
+def test_non_json_messages_and_unknown_tasks_are_rejected(tmp_short: Path) -> None:
+    """Tried: a pickle-serialized message and a task name nobody registered."""
+    broker = redis_db_url()
+    stack = Stack(tmp_short, broker, fresh_sqlite(tmp_short))
+    try:
+        stack.start_worker()
+        wait_until(lambda: "ready" in stack.worker_log(), 60, "the worker to be ready")
+        exchange = Exchange("orchestrator", type="direct")
+        queue = Queue("orchestrator", exchange, routing_key="orchestrator")
+        with Connection(broker) as conn:
+            producer = Producer(conn)
+            producer.publish(
+                {"op_id": "x"},
+                serializer="pickle",
+                exchange=exchange,
+                routing_key="orchestrator",
+                declare=[queue],
+                headers={"task": "caliban.orchestrator.record_checkpoint", "id": "pickled-1",
+                         "lang": "py", "argsrepr": "", "kwargsrepr": ""},
+            )  # fmt: skip
+        wait_until(
+            lambda: (
+                "ContentDisallowed" in stack.worker_log()
+                or "disallowed content" in stack.worker_log().lower()
+            ),
+            30,
+            "the worker to refuse the pickle message",
+        )
+        sent = stack.drainctl("drain", "team-a/x")  # keeps the worker honest afterwards
+        assert sent.returncode == 0
+        from orchestrator.celery_app import make_app
+        from orchestrator.settings import Settings
+
+        app = make_app(Settings(broker_url=broker, result_backend=broker))
+        app.send_task("caliban.orchestrator.no_such_task", kwargs={}, queue="orchestrator")
+        wait_until(
+            lambda: "unregistered task" in stack.worker_log().lower(),
+            30,
+            "the worker to reject the unknown task",
+        )
+        assert stack.ledger.list_checkpoints() == []
+    finally:
+        stack.close()

@@ -1,0 +1,192 @@
+"""Test helpers for the Celery pipeline: real Redis, real PostgreSQL or SQLite, and the
+orchestrator worker, daemons (with their consumers) and ``drainctl`` as subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator.ledger import Ledger
+from orchestrator.ledger.migrate import upgrade
+from tests.support import DaemonProcess, wait_until
+
+REDIS_HINT = (
+    "Redis not reachable on 127.0.0.1:6379; start it with: redis-server --daemonize yes "
+    '--bind 127.0.0.1 --port 6379 --save "" --appendonly no'
+)
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+PG_HINT = (
+    "PostgreSQL not reachable on 127.0.0.1:5432; start it with: "
+    "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+)
+LEDGER_TABLES = ("checkpoint_agents", "checkpoints", "operations", "daemon_activity")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_db_url(db: int = 9, port: int = 6379) -> str:
+    """A flushed Redis database of this machine's server, or skip saying how to start it."""
+    client = redis.Redis(host="127.0.0.1", port=port, db=db, socket_connect_timeout=2)
+    try:
+        client.flushdb()
+    except redis.ConnectionError:
+        pytest.skip(REDIS_HINT)
+    finally:
+        client.close()
+    return f"redis://127.0.0.1:{port}/{db}"
+
+
+def fresh_postgres() -> str:
+    """The ``test`` database with the ledger dropped and migrated again."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(PG_URL)
+    try:
+        with engine.begin() as conn:
+            for table in (*LEDGER_TABLES, "alembic_version"):
+                conn.execute(sa.text(f"DROP TABLE IF EXISTS {table} CASCADE"))
+    except sa.exc.OperationalError:
+        pytest.skip(PG_HINT)
+    finally:
+        engine.dispose()
+    upgrade(PG_URL)
+    return PG_URL
+
+
+def fresh_sqlite(directory: Path) -> str:
+    url = f"sqlite:///{directory / 'ledger.db'}"
+    upgrade(url)
+    return url
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes], int]]:
+    """A Redis server of our own on a free port, for tests that restart it."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = start_redis(port)
+    try:
+        yield f"redis://127.0.0.1:{port}/0", proc, port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def start_redis(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def up() -> bool:
+        try:
+            return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_until(up, 15, f"redis on port {port}")
+    return proc
+
+
+class Stack:
+    """The pieces of one pipeline test, sharing one environment."""
+
+    def __init__(self, root: Path, broker: str, database: str, **overrides: str) -> None:
+        self.root = root
+        self.env = {
+            "DRAIN_BROKER_URL": broker,
+            "DRAIN_RESULT_BACKEND": broker,
+            "DRAIN_DATABASE_URL": database,
+            "DRAIN_VISIBILITY_TIMEOUT_SECS": "8",
+            "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",
+            "DRAIN_HEARTBEAT_INTERVAL_SECS": "2",
+            "DRAIN_HEARTBEAT_POLL_SECS": "0.2",
+            "DRAIN_SWEEP_INTERVAL_SECS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **overrides,
+        }
+        self.ledger = Ledger.from_url(database)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.daemons: list[DaemonProcess] = []
+
+    def full_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
+        log = (self.root / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "worker", "--concurrency", "2"],
+            stdout=log, stderr=subprocess.STDOUT, env=self.full_env(),
+        )  # fmt: skip
+        log.close()
+        self.workers.append(proc)
+        return proc
+
+    def worker_log(self, name: str = "worker") -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def start_daemon(self, namespace: str, name: str, *extra: str) -> DaemonProcess:
+        directory = self.root / f"{namespace}.{name}"
+        directory.mkdir(exist_ok=True)
+        daemon = DaemonProcess(
+            directory, "--queue", f"caliband.{namespace}.{name}", *extra, env=self.env
+        ).start()
+        self.daemons.append(daemon)
+        return daemon
+
+    def drainctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            capture_output=True, text=True, timeout=timeout, env=self.full_env(), check=False,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.stop()
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.ledger.dispose()
+
+
+def consumer_pid(daemon: DaemonProcess) -> int | None:
+    """The pid of the daemon's Celery consumer child, if one is running."""
+    import psutil
+
+    assert daemon.proc is not None
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(daemon.proc.pid).children():
+            if "worker_agent.consumer" in " ".join(child.cmdline()):
+                return int(child.pid)
+    return None
+
+
+def kill_hard(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def eventually(seconds: float) -> float:
+    return time.monotonic() + seconds

@@ -1,0 +1,728 @@
+"""The checkpoint ledger's behaviour, pinned on SQLite (a file in the test's tmp dir).
+
+``LedgerBehaviour`` holds every scenario once; ``TestLedgerOnSQLite`` runs it here and
+``tests/integration/test_ledger_postgres.py`` runs the same class against a real
+PostgreSQL. A backend supplies two fixtures: ``database_url`` (a blank database, for the
+migration scenarios) and ``migrated_url`` (a database at head with empty tables).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, delete, func, insert, inspect, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import NullPool
+
+from orchestrator.ledger import (
+    CheckpointReason,
+    Ledger,
+    LedgerConflict,
+    OperationKind,
+    OperationState,
+    OperationView,
+    UnknownOperation,
+    checkpoint_ref_for,
+    create_ledger_engine,
+    current,
+    downgrade,
+    head,
+    is_label_value,
+    upgrade,
+    upgrade_sql,
+)
+from orchestrator.ledger.models import Base, Checkpoint, CheckpointAgent, Operation
+from orchestrator.ledger.repository import RESUME_REF_KEYS
+
+T = TypeVar("T")
+
+LEDGER_TABLES = {"operations", "checkpoints", "checkpoint_agents", "daemon_activity"}
+SHA = "ab" * 32
+THREADS = 8
+PLUS_TWO = timezone(timedelta(hours=2))
+
+
+def resume_ref(agent_id: str, **overrides: Any) -> dict[str, Any]:
+    """A ``ResumeRef`` as the daemon's drain answers it (``worker_agent.proto``)."""
+    ref: dict[str, Any] = {
+        "id": agent_id,
+        "session_dir": f"agents/{agent_id}",
+        "turns": 3,
+        "session_sha256": SHA,
+        "clean": True,
+        "exit": 0,
+        "error": None,
+    }
+    ref.update(overrides)
+    return ref
+
+
+def begin(
+    ledger: Ledger,
+    key: str = "delete-drain:default/task-a:1",
+    kind: str = "delete-drain",
+    name: str = "task-a",
+    **extra: Any,
+) -> OperationView:
+    return ledger.begin_operation(
+        kind,
+        task_uid=f"uid-{name}",
+        namespace="default",
+        name=name,
+        idempotency_key=key,
+        **extra,
+    )
+
+
+def rows(database: Engine, table: str) -> int:
+    with database.connect() as connection:
+        count = connection.execute(select(func.count()).select_from(text(table))).scalar_one()
+    return int(count)
+
+
+def all_at_once(count: int, call: Callable[[], T]) -> list[T]:
+    """``call`` from ``count`` threads released together by a barrier."""
+    barrier = threading.Barrier(count)
+
+    def run() -> T:
+        barrier.wait(timeout=10)
+        return call()
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        futures = [pool.submit(run) for _ in range(count)]
+        return [future.result(timeout=30) for future in futures]
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+class LedgerBehaviour:
+    """Every ledger scenario, for any backend that supplies the two URL fixtures."""
+
+    @pytest.fixture
+    def ledger(self, migrated_url: str) -> Iterator[Ledger]:
+        ledger = Ledger.from_url(migrated_url)
+        yield ledger
+        ledger.dispose()
+
+    @pytest.fixture
+    def database(self, migrated_url: str) -> Iterator[Engine]:
+        """The same database for raw SQL, configured as the ledger's (SQLite FKs on)."""
+        engine = create_ledger_engine(migrated_url)
+        yield engine
+        engine.dispose()
+
+    # ----------------------------------------------------------------- migrations
+
+    def test_upgrade_to_head_creates_every_table_and_repeating_it_is_a_noop(
+        self, database_url: str
+    ) -> None:
+        assert current(database_url) is None
+        upgrade(database_url)
+        assert table_names(database_url) == LEDGER_TABLES | {"alembic_version"}
+        assert current(database_url) == head()
+        ledger = Ledger.from_url(database_url)
+        try:
+            begin(ledger)
+
+            upgrade(database_url)
+
+            assert current(database_url) == head()
+            assert len(ledger.list_operations()) == 1
+        finally:
+            ledger.dispose()
+
+    def test_downgrade_to_base_drops_the_ledger_and_upgrade_rebuilds_it(
+        self, database_url: str
+    ) -> None:
+        upgrade(database_url)
+        downgrade(database_url, "base")
+        assert current(database_url) is None
+        assert table_names(database_url) & LEDGER_TABLES == set()
+
+        upgrade(database_url)
+
+        assert table_names(database_url) >= LEDGER_TABLES
+        assert current(database_url) == head()
+
+    def test_models_and_migrations_describe_the_same_schema(self, database_url: str) -> None:
+        upgrade(database_url)
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                context = MigrationContext.configure(connection, opts={"compare_type": True})
+                differences = compare_metadata(context, Base.metadata)
+        finally:
+            engine.dispose()
+        assert differences == []
+
+    # ----------------------------------------------------------------- operations
+
+    def test_a_new_operation_is_pending_with_utc_timestamps(self, ledger: Ledger) -> None:
+        deadline = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=PLUS_TWO)
+        op = begin(ledger, grace_secs=12.5, deadline_at=deadline)
+
+        assert op.state is OperationState.PENDING
+        assert op.kind is OperationKind.DELETE_DRAIN
+        assert (op.grace_secs, op.celery_task_ids, op.detail, op.error) == (12.5, {}, None, None)
+        assert op.finished_at is None and not op.terminal
+        stored = ledger.get_operation(op.id)
+        assert stored == op
+        assert stored.deadline_at == deadline
+        assert stored.deadline_at.tzinfo is UTC and stored.created_at.tzinfo is UTC
+
+    def test_begin_operation_answers_the_existing_operation_for_a_repeated_key(
+        self, ledger: Ledger
+    ) -> None:
+        first = begin(ledger, key="k1")
+        ledger.transition(first.id, "draining")
+
+        again = begin(ledger, key="k1")
+        other = begin(ledger, key="k2")
+
+        assert again.id == first.id and again.state == "draining"
+        assert other.id != first.id
+        assert ledger.find_operation("k1") == again
+        assert ledger.find_operation("nope") is None
+        assert len(ledger.list_operations()) == 2
+
+    def test_begin_operation_from_8_threads_with_one_key_makes_one_operation(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        ops = all_at_once(THREADS, lambda: begin(ledger, key="racing"))
+
+        assert len({op.id for op in ops}) == 1
+        assert rows(database, "operations") == 1
+
+    def test_a_key_reused_for_another_task_is_refused(self, ledger: Ledger) -> None:
+        first = begin(ledger, key="shared", name="task-a")
+
+        with pytest.raises(ValueError, match=r"idempotency key 'shared' already names operation"):
+            begin(ledger, key="shared", name="task-b")
+        with pytest.raises(ValueError, match=first.id):
+            begin(ledger, key="shared", kind="pause")
+
+    def test_list_operations_is_newest_first_and_filters_by_task(self, ledger: Ledger) -> None:
+        a1 = begin(ledger, key="a1", name="task-a")
+        b1 = begin(ledger, key="b1", name="task-b")
+        a2 = begin(ledger, key="a2", name="task-a")
+
+        assert [op.id for op in ledger.list_operations()] == [a2.id, b1.id, a1.id]
+        assert [op.id for op in ledger.list_operations("default", "task-a")] == [a2.id, a1.id]
+        assert [op.id for op in ledger.list_operations(limit=1)] == [a2.id]
+        assert ledger.list_operations("elsewhere") == []
+
+    def test_transition_moves_an_expected_state_and_merges_celery_ids(self, ledger: Ledger) -> None:
+        op = begin(ledger)
+
+        draining = ledger.transition(
+            op.id, "draining", expect=("pending",), celery_task_ids={"drain": "t-drain"}
+        )
+        drained = ledger.transition(
+            op.id,
+            OperationState.DRAINED,
+            expect=[OperationState.DRAINING],
+            celery_task_ids={"record": "t-record"},
+            detail={"agents": 2},
+        )
+
+        assert draining.state == "draining" and draining.updated_at >= op.updated_at
+        assert drained.state is OperationState.DRAINED
+        assert drained.celery_task_ids == {"drain": "t-drain", "record": "t-record"}
+        assert drained.detail == {"agents": 2}
+        assert drained.finished_at is None
+        assert ledger.get_operation(op.id) == drained
+
+    def test_transition_from_an_unexpected_state_is_a_conflict_and_writes_nothing(
+        self, ledger: Ledger
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "draining")
+
+        with pytest.raises(LedgerConflict) as raised:
+            ledger.transition(op.id, "draining", expect=["pending"], celery_task_ids={"x": "y"})
+
+        conflict = raised.value
+        assert conflict.op_id == op.id
+        assert (conflict.current, conflict.wanted) == ("draining", "draining")
+        assert op.id in str(conflict) and "pending" in str(conflict)
+        assert ledger.get_operation(op.id) == op
+
+    @pytest.mark.parametrize("final", ["failed", "resumed"])
+    def test_a_terminal_state_sets_finished_at_and_is_never_left(
+        self, ledger: Ledger, final: str
+    ) -> None:
+        op = begin(ledger, kind="resume", checkpoint_ref="ckpt-0123")
+        finished = ledger.transition(op.id, final, error="why" if final == "failed" else None)
+        assert finished.terminal and finished.finished_at is not None
+
+        for wanted in ("pending", "resuming", "failed", "resumed"):
+            with pytest.raises(LedgerConflict, match="it has finished"):
+                ledger.transition(op.id, wanted)
+        with pytest.raises(LedgerConflict):
+            ledger.transition(op.id, "failed", expect=None, error="again")
+
+        assert ledger.get_operation(op.id) == finished
+
+    def test_a_recorded_operation_is_never_left(self, ledger: Ledger) -> None:
+        op = begin(ledger)
+        ledger.record_checkpoint(op.id, [resume_ref("agent-a")], reason="delete")
+        recorded = ledger.get_operation(op.id)
+        assert recorded is not None and recorded.state == "recorded"
+
+        with pytest.raises(LedgerConflict, match=r"is recorded, so it cannot become failed"):
+            ledger.transition(op.id, "failed", error="late drain failure")
+
+        assert ledger.get_operation(op.id) == recorded
+
+    @pytest.mark.parametrize("state", ["recorded", "forced"])
+    def test_checkpointed_states_are_entered_only_by_record_checkpoint(
+        self, ledger: Ledger, state: str
+    ) -> None:
+        op = begin(ledger)
+
+        with pytest.raises(ValueError, match=rf"'{state}' is entered only by record_checkpoint"):
+            ledger.transition(op.id, state)
+
+        assert ledger.get_operation(op.id) == op
+
+    def test_unknown_kinds_states_and_reasons_are_refused_by_name(self, ledger: Ledger) -> None:
+        with pytest.raises(ValueError, match=r"unknown operation kind 'evict'; expected one of"):
+            begin(ledger, kind="evict")
+        assert ledger.list_operations() == []
+
+        op = begin(ledger)
+        with pytest.raises(ValueError, match=r"unknown operation state 'drainng'"):
+            ledger.transition(op.id, "drainng")
+        with pytest.raises(ValueError, match=r"unknown expected state 'pendng'"):
+            ledger.transition(op.id, "draining", expect=["pendng"])
+        with pytest.raises(ValueError, match=r"unknown checkpoint reason 'whim'"):
+            ledger.record_checkpoint(op.id, [], reason="whim")
+        assert ledger.get_operation(op.id) == op
+
+    def test_the_database_itself_refuses_an_unknown_state(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = begin(ledger)
+
+        with pytest.raises(IntegrityError), database.begin() as connection:
+            connection.execute(update(Operation).where(Operation.id == op.id).values(state="limbo"))
+
+        assert ledger.get_operation(op.id) == op
+
+    def test_naive_timestamps_and_bad_numbers_are_refused(self, ledger: Ledger) -> None:
+        with pytest.raises(ValueError, match="deadline_at must be a timezone-aware datetime"):
+            begin(ledger, deadline_at=datetime(2030, 1, 1))
+        with pytest.raises(ValueError, match="grace_secs must be a non-negative number"):
+            begin(ledger, grace_secs=-1.0)
+        with pytest.raises(ValueError, match="is not a Kubernetes label value"):
+            begin(ledger, kind="resume", checkpoint_ref="Not_A_Label")
+        with pytest.raises(ValueError, match="namespace must be a non-empty string"):
+            ledger.begin_operation(
+                "pause", task_uid="u", namespace="", name="n", idempotency_key="k"
+            )
+        assert ledger.list_operations() == []
+
+    def test_an_unknown_operation_is_reported_as_such(self, ledger: Ledger) -> None:
+        missing = "00000000-0000-4000-8000-000000000000"
+        assert ledger.get_operation(missing) is None
+        with pytest.raises(UnknownOperation, match=missing):
+            ledger.transition(missing, "draining")
+        with pytest.raises(UnknownOperation):
+            ledger.record_checkpoint(missing, [], reason="delete")
+        with pytest.raises(LookupError):
+            ledger.expire_operation(missing, "deadline passed")
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def test_record_checkpoint_writes_checkpoint_agents_and_the_recorded_operation(
+        self, ledger: Ledger
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "draining")
+        refs = [
+            resume_ref("agent-c", turns=1),
+            resume_ref("agent-a", turns=7),
+            resume_ref("agent-b", clean=False, exit=-9, session_sha256=None, error="killed"),
+        ]
+
+        checkpoint = ledger.record_checkpoint(op.id, refs, reason="delete", pvc_name="ws-task-a")
+
+        assert checkpoint.ref == checkpoint_ref_for(op.id)
+        assert (checkpoint.operation_id, checkpoint.namespace, checkpoint.name) == (
+            op.id,
+            "default",
+            "task-a",
+        )
+        assert checkpoint.task_uid == "uid-task-a" and checkpoint.pvc_name == "ws-task-a"
+        assert checkpoint.reason is CheckpointReason.DELETE
+        assert not checkpoint.forced and not checkpoint.verified  # agent-b was killed
+        assert [a.agent_id for a in checkpoint.agents] == ["agent-a", "agent-b", "agent-c"]
+        killed = checkpoint.agents[1]
+        assert killed.resume_ref() == refs[2]
+        assert checkpoint.agents[0].resume_ref() == refs[1]
+
+        recorded = ledger.get_operation(op.id)
+        assert recorded is not None
+        assert recorded.state is OperationState.RECORDED
+        assert recorded.checkpoint_ref == checkpoint.ref
+        assert recorded.finished_at == checkpoint.created_at
+        assert ledger.get_checkpoint(checkpoint.ref) == checkpoint
+        assert ledger.latest_checkpoint("default", "task-a") == checkpoint
+
+    def test_a_checkpoint_of_clean_agents_or_of_none_is_verified(self, ledger: Ledger) -> None:
+        some = ledger.record_checkpoint(
+            begin(ledger, key="k1").id, [resume_ref("agent-a")], reason="pause"
+        )
+        none = ledger.record_checkpoint(begin(ledger, key="k2").id, [], reason="manual")
+
+        assert some.verified and none.verified and none.agents == ()
+
+    def test_record_checkpoint_twice_answers_the_first_checkpoint_unchanged(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = begin(ledger)
+        first = ledger.record_checkpoint(op.id, [resume_ref("agent-a")], reason="delete")
+
+        again = ledger.record_checkpoint(
+            op.id,
+            [resume_ref("agent-a", turns=9), resume_ref("agent-b")],
+            reason="forced",
+            forced=True,
+        )
+
+        assert again == first
+        assert rows(database, "checkpoints") == 1
+        assert rows(database, "checkpoint_agents") == 1
+        after = ledger.get_operation(op.id)
+        assert after is not None and after.state == "recorded"
+
+    def test_record_checkpoint_from_8_threads_writes_one_checkpoint(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "draining")
+        refs = [resume_ref(f"agent-{n}") for n in range(5)]
+
+        results = all_at_once(
+            THREADS, lambda: ledger.record_checkpoint(op.id, refs, reason="delete")
+        )
+
+        assert len(set(results)) == 1
+        assert rows(database, "checkpoints") == 1
+        assert rows(database, "checkpoint_agents") == len(refs)
+        assert ledger.get_checkpoint(results[0].ref) == results[0]
+
+    def test_unique_operation_id_answers_a_duplicate_that_got_past_the_lookup(
+        self, ledger: Ledger, database: Engine, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "draining")
+        # What a racing recorder committed between this call's lookup and its insert.
+        with database.begin() as connection:
+            connection.execute(
+                insert(Checkpoint).values(
+                    ref=checkpoint_ref_for(op.id),
+                    operation_id=op.id,
+                    task_uid=op.task_uid,
+                    namespace=op.namespace,
+                    name=op.name,
+                    reason="delete",
+                    forced=False,
+                    verified=True,
+                    created_at=datetime.now(UTC),
+                )
+            )
+        real_lookup = Ledger._checkpoint_of
+        lookups: list[str] = []
+
+        def first_lookup_misses(self: Ledger, session: Any, op_id: str) -> Checkpoint | None:
+            lookups.append(op_id)
+            return None if len(lookups) == 1 else real_lookup(self, session, op_id)
+
+        monkeypatch.setattr(Ledger, "_checkpoint_of", first_lookup_misses)
+
+        checkpoint = ledger.record_checkpoint(op.id, [resume_ref("agent-a")], reason="delete")
+
+        assert lookups == [op.id, op.id]
+        assert checkpoint.ref == checkpoint_ref_for(op.id) and checkpoint.agents == ()
+        assert rows(database, "checkpoints") == 1
+        assert rows(database, "checkpoint_agents") == 0
+
+    def test_record_checkpoint_refuses_a_failed_operation(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "failed", error="drain failed")
+
+        with pytest.raises(LedgerConflict, match=r"is failed, so it cannot become recorded"):
+            ledger.record_checkpoint(op.id, [resume_ref("agent-a")], reason="delete")
+
+        assert rows(database, "checkpoints") == 0
+        assert ledger.get_operation(op.id) == op
+
+    def test_record_checkpoint_refuses_an_operation_that_consumes_one(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = begin(ledger, kind="restore", checkpoint_ref="ckpt-0123")
+
+        with pytest.raises(LedgerConflict, match="a restore operation consumes a checkpoint"):
+            ledger.record_checkpoint(op.id, [], reason="manual")
+
+        assert rows(database, "checkpoints") == 0
+        assert ledger.get_operation(op.id) == op
+
+    def test_a_forced_checkpoint_marks_the_operation_forced(self, ledger: Ledger) -> None:
+        op = begin(ledger, kind="force-delete")
+
+        checkpoint = ledger.record_checkpoint(
+            op.id, [resume_ref("agent-a", clean=False)], reason="forced", forced=True
+        )
+
+        forced = ledger.get_operation(op.id)
+        assert forced is not None and forced.state is OperationState.FORCED and forced.terminal
+        assert checkpoint.forced and not checkpoint.verified
+
+    def test_the_checkpoint_ref_is_a_label_value_derived_from_the_operation(
+        self, ledger: Ledger
+    ) -> None:
+        ops = [begin(ledger, key=f"k{n}") for n in range(3)]
+
+        refs = [ledger.record_checkpoint(op.id, [], reason="delete").ref for op in ops]
+
+        assert refs == [checkpoint_ref_for(op.id) for op in ops]
+        assert len(set(refs)) == 3
+        assert all(is_label_value(ref) and ref.startswith("ckpt-") for ref in refs)
+
+    @pytest.mark.parametrize("key", RESUME_REF_KEYS)
+    def test_a_resume_ref_missing_a_key_is_refused_by_name_and_writes_nothing(
+        self, ledger: Ledger, database: Engine, key: str
+    ) -> None:
+        op = ledger.transition(begin(ledger).id, "draining")
+        broken = resume_ref("agent-b")
+        del broken[key]
+
+        with pytest.raises(ValueError, match=rf"resume ref #1 lacks the key '{key}'"):
+            ledger.record_checkpoint(op.id, [resume_ref("agent-a"), broken], reason="delete")
+
+        assert rows(database, "checkpoints") == 0
+        assert rows(database, "checkpoint_agents") == 0
+        assert ledger.get_operation(op.id) == op
+
+    @pytest.mark.parametrize(
+        ("overrides", "message"),
+        [
+            ({"session_dir": "/pvc/agents/agent-a"}, "must be relative to the PVC root"),
+            ({"session_dir": "agents/../../etc"}, "must be relative to the PVC root"),
+            ({"turns": -1}, "turns must be a non-negative integer"),
+            ({"turns": "3"}, "turns must be a non-negative integer"),
+            ({"session_sha256": "xyz"}, "session_sha256 must be 64 lower-case hex digits"),
+            ({"clean": "yes"}, "clean must be true or false"),
+            ({"exit": 1.5}, "exit must be an integer or null"),
+            ({"id": ""}, "id must be a non-empty string"),
+        ],
+    )
+    def test_a_malformed_resume_ref_is_refused_and_writes_nothing(
+        self, ledger: Ledger, database: Engine, overrides: dict[str, Any], message: str
+    ) -> None:
+        op = begin(ledger)
+
+        with pytest.raises(ValueError, match=message):
+            ledger.record_checkpoint(op.id, [resume_ref("agent-a", **overrides)], reason="delete")
+
+        assert rows(database, "checkpoints") == 0
+        assert ledger.get_operation(op.id) == op
+
+    def test_an_agent_twice_in_one_checkpoint_is_refused(self, ledger: Ledger) -> None:
+        op = begin(ledger)
+
+        with pytest.raises(ValueError, match="resume ref of agent 'agent-a' appears twice"):
+            ledger.record_checkpoint(
+                op.id, [resume_ref("agent-a"), resume_ref("agent-a")], reason="delete"
+            )
+
+    def test_checkpoints_are_listed_newest_first_and_outlive_their_task(
+        self, ledger: Ledger
+    ) -> None:
+        a1 = ledger.record_checkpoint(begin(ledger, key="a1").id, [], reason="pause")
+        b1 = ledger.record_checkpoint(begin(ledger, key="b1", name="task-b").id, [], reason="pause")
+        a2 = ledger.record_checkpoint(begin(ledger, key="a2").id, [], reason="delete")
+
+        assert [c.ref for c in ledger.list_checkpoints()] == [a2.ref, b1.ref, a1.ref]
+        assert [c.ref for c in ledger.list_checkpoints("default", "task-a")] == [a2.ref, a1.ref]
+        assert ledger.latest_checkpoint("default", "task-a") == a2
+        assert ledger.latest_checkpoint("default", "gone") is None
+        assert ledger.get_checkpoint("ckpt-unknown") is None
+
+    def test_foreign_keys_hold_and_deleting_a_checkpoint_deletes_its_agents(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        op = begin(ledger)
+        checkpoint = ledger.record_checkpoint(
+            op.id, [resume_ref("agent-a"), resume_ref("agent-b")], reason="delete"
+        )
+
+        with pytest.raises(IntegrityError), database.begin() as connection:
+            connection.execute(
+                insert(CheckpointAgent).values(
+                    checkpoint_id=checkpoint.id + 1000,
+                    agent_id="orphan",
+                    session_dir="agents/orphan",
+                    turns=0,
+                    clean=True,
+                )
+            )
+        with database.begin() as connection:
+            connection.execute(delete(Checkpoint).where(Checkpoint.id == checkpoint.id))
+
+        assert rows(database, "checkpoint_agents") == 0
+
+    # ------------------------------------------------------------ expiry, activity
+
+    def test_expire_operation_fails_only_unfinished_operations(self, ledger: Ledger) -> None:
+        waiting = ledger.transition(begin(ledger, key="k1").id, "draining")
+        recorded_op = begin(ledger, key="k2")
+        ledger.record_checkpoint(recorded_op.id, [], reason="delete")
+        recorded = ledger.get_operation(recorded_op.id)
+
+        expired = ledger.expire_operation(waiting.id, "deadline passed in draining")
+        again = ledger.expire_operation(waiting.id, "a second sweep")
+
+        assert expired.state is OperationState.FAILED and expired.finished_at is not None
+        assert expired.error == "deadline passed in draining"
+        assert again == expired
+        assert ledger.expire_operation(recorded_op.id, "too late") == recorded
+
+    def test_overdue_operations_are_the_unfinished_ones_past_their_deadline(
+        self, ledger: Ledger
+    ) -> None:
+        now = datetime.now(UTC)
+        late = begin(ledger, key="late", deadline_at=now - timedelta(seconds=5))
+        later = begin(ledger, key="later", deadline_at=now - timedelta(seconds=1))
+        begin(ledger, key="on-time", deadline_at=now + timedelta(hours=1))
+        begin(ledger, key="no-deadline")
+        done = begin(ledger, key="done", deadline_at=now - timedelta(seconds=9))
+        ledger.transition(done.id, "failed")
+
+        overdue = ledger.overdue_operations(now)
+
+        assert [op.id for op in overdue] == [late.id, later.id]
+
+    def test_an_older_heartbeat_never_overwrites_a_newer_one(self, ledger: Ledger) -> None:
+        idle_since = datetime(2030, 1, 1, tzinfo=UTC)
+        reported = datetime.now(UTC)
+
+        def heartbeat(seq: int, idle: int) -> Any:
+            return ledger.record_activity(
+                "default",
+                "task-a",
+                task_uid="uid-task-a",
+                all_idle_since=idle_since if idle == 2 else None,
+                agents_total=3,
+                agents_live=2,
+                agents_idle=idle,
+                seq=seq,
+                reported_at=reported + timedelta(seconds=seq),
+            )
+
+        assert ledger.get_activity("default", "task-a") is None
+        first = heartbeat(seq=5, idle=2)
+        assert (first.seq, first.agents_idle, first.all_idle_since) == (5, 2, idle_since)
+
+        assert heartbeat(seq=3, idle=0) == first
+        assert heartbeat(seq=5, idle=0) == first
+        newer = heartbeat(seq=6, idle=0)
+
+        assert (newer.seq, newer.agents_idle, newer.all_idle_since) == (6, 0, None)
+        assert ledger.get_activity("default", "task-a") == newer
+        assert ledger.get_activity("default", "task-b") is None
+
+    def test_inconsistent_activity_counts_are_refused(self, ledger: Ledger) -> None:
+        with pytest.raises(ValueError, match="agents_idle <= agents_live <= agents_total"):
+            ledger.record_activity(
+                "default",
+                "task-a",
+                task_uid=None,
+                all_idle_since=None,
+                agents_total=1,
+                agents_live=2,
+                agents_idle=0,
+                seq=1,
+                reported_at=datetime.now(UTC),
+            )
+        assert ledger.get_activity("default", "task-a") is None
+
+
+# ------------------------------------------------------------------------------ SQLite
+
+
+@pytest.fixture(scope="session")
+def sqlite_at_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite ledger migrated to head; each test gets a copy of the file."""
+    path = tmp_path_factory.mktemp("ledger-template") / "ledger.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+class TestLedgerOnSQLite(LedgerBehaviour):
+    @pytest.fixture
+    def database_url(self, tmp_path: Path) -> str:
+        return f"sqlite:///{tmp_path / 'blank.db'}"
+
+    @pytest.fixture
+    def migrated_url(self, tmp_path: Path, sqlite_at_head: Path) -> str:
+        path = tmp_path / "ledger.db"
+        shutil.copyfile(sqlite_at_head, path)
+        return f"sqlite:///{path}"
+
+
+# -------------------------------------------------------------------- no database needed
+
+
+def test_checkpoint_refs_are_deterministic_label_values() -> None:
+    op_id = "6f1c1f0e-8a59-4f55-9c56-0f5b1f2b7d11"
+
+    assert checkpoint_ref_for(op_id) == checkpoint_ref_for(op_id)
+    assert checkpoint_ref_for(op_id) != checkpoint_ref_for(op_id.replace("6f", "7f"))
+    assert is_label_value(checkpoint_ref_for(op_id))
+    assert len(checkpoint_ref_for(op_id)) == len("ckpt-") + 20
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [("ckpt-0a1b", True), ("a", True), ("a" * 63, True), ("a" * 64, False), ("-a", False),
+     ("a-", False), ("Ckpt", False), ("ckpt_1", False), ("", False)],
+)  # fmt: skip
+def test_label_values_follow_kubernetes(value: str, valid: bool) -> None:
+    assert is_label_value(value) is valid
+
+
+@pytest.mark.parametrize(
+    ("url", "dialect"),
+    [("postgresql+psycopg://u@h/db", "TIMESTAMP WITH TIME ZONE"), ("sqlite:///x.db", "DATETIME")],
+)
+def test_offline_mode_writes_the_upgrade_as_sql(url: str, dialect: str) -> None:
+    sql = upgrade_sql(url)
+
+    for table in LEDGER_TABLES:
+        assert f"CREATE TABLE {table}" in sql
+    assert dialect in sql
+    assert "INSERT INTO alembic_version (version_num) VALUES ('0001')" in sql
+
+
+def test_only_sqlite_and_postgresql_urls_make_a_ledger() -> None:
+    with pytest.raises(ValueError, match="supports SQLite and PostgreSQL, not 'mysql'") as raised:
+        Ledger.from_url("mysql://root:secret@localhost/drain")
+    assert "secret" not in str(raised.value)
+    with pytest.raises(ValueError, match="not a SQLAlchemy URL"):
+        Ledger.from_url("not a url")

@@ -1,0 +1,48 @@
+"""The consumer's operation journal: what each lifecycle operation already did here.
+
+Celery delivers at least once. A drain or resume redelivered after it completed (a
+consumer killed before its ack, a broker restart) must not act twice: a stale drain
+arriving after a later resume would stop agents that are working again. So each
+completed operation's result is written under ``<store>/ops/<op_id>.<verb>.json`` on
+the workspace volume, and a redelivery answers from there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from worker_agent.session import atomic_write
+
+_OP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KEEP = 500
+"""Entries kept; older ones are pruned (an operation is never redelivered that late)."""
+
+
+class OperationJournal:
+    def __init__(self, store: Path) -> None:
+        self.directory = store / "ops"
+
+    def _path(self, op_id: str, verb: str) -> Path:
+        if not _OP_ID.match(op_id):
+            raise ValueError(f"operation id {op_id!r} is not a valid id")
+        return self.directory / f"{op_id}.{verb}.json"
+
+    def get(self, op_id: str, verb: str) -> dict[str, Any] | None:
+        try:
+            loaded: dict[str, Any] = json.loads(self._path(op_id, verb).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        return loaded
+
+    def put(self, op_id: str, verb: str, result: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self._path(op_id, verb), json.dumps(result).encode())
+        self._prune()
+
+    def _prune(self) -> None:
+        entries = sorted(self.directory.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-KEEP]:
+            old.unlink(missing_ok=True)
