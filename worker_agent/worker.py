@@ -138,6 +138,8 @@ class Worker:
         else:
             loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         loop.add_signal_handler(signal.SIGINT, self.stop.set)
+        if _early_stop and not self.ignores_sigterm:
+            self.stop.set()
         await self.reporter.connect()
         server = await self._serve_input()
         try:
@@ -262,7 +264,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+_early_stop = False
+
+
+def _stop_early(signum: int, frame: object) -> None:
+    global _early_stop
+    _early_stop = True
+
+
 def main(argv: list[str] | None = None) -> int:
+    # A drain can arrive while the worker is still starting: remember it until the event
+    # loop takes over, instead of dying of the default SIGTERM action mid-start.
+    signal.signal(signal.SIGTERM, _stop_early)
     args = parse_args(argv)
     die_with_parent(os.environ.get("CALIBAN_SUPERVISOR_PID"))
     session_dir: Path = args.session_dir

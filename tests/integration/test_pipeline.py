@@ -177,3 +177,40 @@ def test_a_drain_for_a_daemon_that_is_gone_expires_and_is_reported(
         assert not (daemon.store / "ops").exists()
     finally:
         stack.close()
+
+
+def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
+    """Tried: the same resume message delivered twice (as after a lost ack)."""
+    stack.start_worker()
+    daemon = stack.start_daemon("team-a", "task-3")
+    ids = spawn(daemon, 2, "turns=100000,turn_ms=30", 1)
+    ref = stack.drainctl("drain", "team-a/task-3", "--wait", "--timeout", "90").stdout.strip()
+    checkpoint = stack.ledger.get_checkpoint(ref)
+    assert checkpoint is not None
+    from orchestrator.celery_app import DAEMON_RESUME, make_app
+    from orchestrator.settings import Settings
+
+    app = make_app(Settings(broker_url=stack.env["DRAIN_BROKER_URL"]))
+    agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
+    first = app.send_task(DAEMON_RESUME, kwargs={"op_id": "op-redelivered", "agents": agents},
+                          queue="caliband.team-a.task-3")  # fmt: skip
+    outcome = first.get(timeout=60)
+    assert outcome["error"] is None
+    assert [r["ok"] for r in outcome["results"]] == [True, True], outcome
+    wait_until(
+        lambda: all(
+            r.turns > a.turns for a in checkpoint.agents for r in [daemon.records()[a.agent_id]]
+        ),
+        30,
+        "the resumed agents to work",
+    )
+    with daemon.client() as client:
+        client.drain(grace_secs=10)  # the agents stop again; a second resume must not wake them
+    second = app.send_task(DAEMON_RESUME, kwargs={"op_id": "op-redelivered", "agents": agents},
+                           queue="caliband.team-a.task-3")  # fmt: skip
+    assert second.get(timeout=60) == first.get(timeout=1)
+    records = daemon.records()
+    assert {records[i].status.value for i in ids} == {"drained"}
+    for agent_id in ids:
+        events = (daemon.store / "agents" / agent_id / "stdout.ndjson").read_text()
+        assert events.count('"type": "resumed"') == 1

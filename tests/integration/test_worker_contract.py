@@ -86,3 +86,14 @@ def test_unknown_provider_fails_the_agent_with_a_clear_reason(daemon: DaemonProc
     assert records[agent_id].exit == 4
     stderr = (daemon.store / "agents" / agent_id / "stderr.log").read_text()
     assert "unknown provider 'nope'" in stderr
+
+
+def test_sigterm_during_start_up_still_exits_cleanly(tmp_path: Path) -> None:
+    """Tried: SIGTERM a few milliseconds after the worker process starts."""
+    directory = tmp_path / "a1"
+    directory.mkdir()
+    worker = start_worker(directory, model="turns=100000,turn_ms=50")
+    wait_until(lambda: (directory / "worker.lock").exists(), 30, "the worker to take its lock")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert load_session(directory).turns == count_completed_turns(directory)
