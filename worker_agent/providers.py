@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,6 +107,11 @@ class OpenAIProvider:
         return await asyncio.to_thread(self._complete, messages)
 
     def _complete(self, messages: list[dict[str, Any]]) -> str:
+        # Imported here: urllib.request pulls in ssl, which every scripted worker would
+        # otherwise pay for at start-up and exit.
+        import urllib.error
+        import urllib.request
+
         body = json.dumps(
             {
                 "model": self.model,

@@ -1,9 +1,10 @@
 """Live state: which agents the daemon knows, their status, and their worker processes.
 
 The registry is the only place an ``AgentRecord`` changes. Every lifecycle transition
-(spawn, exit, drain, kill, crash on reload) is persisted durably; the frequent
-``running`` ⇄ ``idle`` reports are persisted atomically but without fsync, because a
-restarted daemon turns every live agent into ``crashed`` whatever its last report said.
+(spawn, exit, kill, crash on reload) is persisted durably, a drain's exits in one sync
+at its end; the frequent ``running`` ⇄ ``idle`` reports and the ``draining`` marker are
+kept in memory only, because a restarted daemon turns every live agent into
+``crashed`` whatever its last report said.
 """
 
 from __future__ import annotations
@@ -78,10 +79,14 @@ class Registry:
     def remove(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
 
-    def update(self, agent: Agent, *, durable: bool = True, **changes: Any) -> None:
+    def update(
+        self, agent: Agent, *, durable: bool = True, persist: bool = True, **changes: Any
+    ) -> None:
+        """Change a record; ``persist=False`` keeps a volatile change in memory only."""
         changes["updated_at"] = time.time()
         agent.record = agent.record.model_copy(update=changes)
-        self.store.save_manifest(agent.record, durable=durable)
+        if persist:
+            self.store.save_manifest(agent.record, durable=durable)
 
     def live(self) -> list[Agent]:
         return [a for a in self if a.live]

@@ -21,9 +21,10 @@ from typing import Any
 SESSION_FILE = "session.json"
 TRANSCRIPT_FILE = "stdout.ndjson"
 SESSION_VERSION = 1
-DRAIN_DEADLINE_FILE = "drain_deadline"
-"""Written by the daemon just before a drain's SIGTERM: the deadline in Unix seconds,
-after which it SIGKILLs. A worker reads it to decide whether its in-flight turn fits."""
+DRAIN_DEADLINE_ENV = "CALIBAN_DRAIN_DEADLINE_FILE"
+"""Names a file the daemon writes once, just before a drain's SIGTERMs: the deadline in
+Unix seconds after which it SIGKILLs. A worker reads it to decide whether its in-flight
+turn fits."""
 
 
 class SessionError(Exception):

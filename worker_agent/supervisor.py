@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from typing import Any
 from pathlib import Path
 
 from worker_agent import proto
@@ -23,7 +24,7 @@ from worker_agent.process import LaunchError, WorkerProcess, render_command
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, ResumeRef
 from worker_agent.registry import Agent, Registry
 from worker_agent.session import (
-    DRAIN_DEADLINE_FILE,
+    DRAIN_DEADLINE_ENV,
     SessionError,
     atomic_write,
     decode_session,
@@ -46,6 +47,7 @@ class Supervisor:
         self.registry = Registry(self.store)
         self.started_at = time.monotonic()
         self.socket_path = settings.socket_path().resolve()
+        self.deadline_file = self.store.root / "run" / "drain_deadline"
         self._drain: asyncio.Task[list[ResumeRef]] | None = None
         self.stopping = asyncio.Event()
 
@@ -198,10 +200,9 @@ class Supervisor:
             "CALIBAN_MODEL": spec.model or "",
             "CALIBAN_INITIAL_PROMPT": spec.initial_prompt or "",
             "CALIBAN_DRAIN_GRACE_SECS": str(self.settings.drain_grace_secs),
+            DRAIN_DEADLINE_ENV: str(self.deadline_file),
         }
         cwd = Path(spec.cwd) if spec.cwd else directory
-        with contextlib.suppress(FileNotFoundError):
-            (directory / DRAIN_DEADLINE_FILE).unlink()
         try:
             argv = render_command(self.settings.worker_command, values)
             process = WorkerProcess.start(
@@ -228,10 +229,16 @@ class Supervisor:
         else:
             status = AgentStatus.DONE if code == 0 else AgentStatus.FAILED
         turns = agent.record.turns
-        with contextlib.suppress(SessionError):
-            turns = load_session(Path(agent.record.session_dir)).turns
+        draining = status is AgentStatus.DRAINED
+        if not draining:  # a drain reads every session.json once, when it builds the refs
+            with contextlib.suppress(SessionError):
+                turns = load_session(Path(agent.record.session_dir)).turns
         if self.registry.find(agent.id) is agent:
-            self.registry.update(agent, status=status, exit=code, turns=turns, idle_since=None)
+            # A drain makes its exits durable in one sync before it replies, so the
+            # event loop is not held by an fsync per agent while workers are exiting.
+            self.registry.update(
+                agent, durable=not draining, status=status, exit=code, turns=turns, idle_since=None
+            )
         log.info("agent_exited agent=%s exit=%d status=%s turns=%d", agent.id, code, status, turns)
 
     def _endpoint(self, agent: Agent) -> str:
@@ -255,10 +262,12 @@ class Supervisor:
         idle_since = None
         if status is AgentStatus.IDLE:
             idle_since = agent.record.idle_since or time.time()
-        changes: dict[str, object] = {"status": status, "idle_since": idle_since}
+        changes: dict[str, Any] = {"status": status, "idle_since": idle_since}
         if turns is not None:
             changes["turns"] = turns
-        self.registry.update(agent, durable=False, **changes)
+        # Running/idle is volatile: a restarted daemon marks live agents crashed whatever
+        # they last said, so reports stay in memory and cost the event loop nothing.
+        self.registry.update(agent, persist=False, **changes)
 
     async def kill(self, agent_id: str) -> proto.Killed:
         agent = self.registry.get(agent_id)
@@ -324,17 +333,14 @@ class Supervisor:
     async def _drain_all(self, grace: float) -> list[ResumeRef]:
         started = time.monotonic()
         stopping = [a for a in self.registry.live() if a.process is not None]
-        for agent in stopping:
-            agent.stop_reason = AgentStatus.DRAINED
-            self.registry.update(agent, durable=False, status=AgentStatus.DRAINING)
-        deadline = str(time.time() + grace).encode()
-        for agent in stopping:
-            atomic_write(
-                Path(agent.record.session_dir) / DRAIN_DEADLINE_FILE, deadline, durable=False
-            )
-        for agent in stopping:
+        self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
+        for agent in stopping:  # signal first; bookkeeping after
             assert agent.process is not None
+            agent.stop_reason = AgentStatus.DRAINED
             agent.process.signal(signal.SIGTERM)
+        for agent in stopping:
+            self.registry.update(agent, persist=False, status=AgentStatus.DRAINING)
         if stopping:
             pending = [a.process.exited for a in stopping if a.process is not None]
             await asyncio.wait(pending, timeout=grace)
@@ -347,6 +353,13 @@ class Supervisor:
         for agent in stopping:
             await self._settled(agent)
         refs = [self._resume_ref(agent) for agent in self.registry]
+        for agent, ref in zip(self.registry, refs, strict=True):
+            if agent.record.turns != ref.turns:
+                self.registry.update(agent, durable=False, turns=ref.turns)
+        with contextlib.suppress(FileNotFoundError):
+            self.deadline_file.unlink()
+        if stopping:
+            await asyncio.to_thread(os.sync)  # the drained manifests, durable before we reply
         log.info(
             "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
             len(refs),

@@ -33,7 +33,7 @@ from typing import Any
 
 from worker_agent.providers import ProviderError, make_provider
 from worker_agent.session import (
-    DRAIN_DEADLINE_FILE,
+    DRAIN_DEADLINE_ENV,
     Session,
     SessionError,
     count_completed_turns,
@@ -109,9 +109,11 @@ class Reporter:
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace, session: Session) -> None:
+    def __init__(self, args: argparse.Namespace, session: Session, *, unsaved: bool) -> None:
         self.session_dir: Path = args.session_dir
         self.session = session
+        self.unsaved = unsaved
+        """True until session.json holds exactly ``self.session``."""
         env = os.environ
         self.provider = make_provider(
             args.provider or env.get("CALIBAN_PROVIDER", "scripted"),
@@ -145,7 +147,8 @@ class Worker:
         try:
             await self._converse()
         finally:
-            save_session(self.session_dir, self.session)
+            if self.unsaved:
+                save_session(self.session_dir, self.session)
             emit({"type": "stopped", "turns": self.session.turns})
             if server is not None:
                 server.close()
@@ -198,6 +201,7 @@ class Worker:
             self.session.agent_id, turn, messages, self.session.extra, self.session.sha256
         )
         sha = save_session(self.session_dir, self.session)
+        self.unsaved = False
         emit({"type": "assistant_message", "turn": turn, "chars": len(text)})
         emit({"type": "turn_complete", "turn": turn, "session_sha256": sha})
         return True
@@ -205,8 +209,8 @@ class Worker:
     def _finish_budget(self) -> float:
         """Half the time left before the daemon's drain deadline (or the grace hint)."""
         try:
-            deadline = float((self.session_dir / DRAIN_DEADLINE_FILE).read_text())
-        except (OSError, ValueError):
+            deadline = float(Path(os.environ[DRAIN_DEADLINE_ENV]).read_text())
+        except (KeyError, OSError, ValueError):
             return self.grace_hint / 2
         return max(0.0, (deadline - time.time()) / 2)
 
@@ -306,11 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(args.agent_id, 0, [], {}, "")
         emit({"type": "started", "agent_id": args.agent_id})
     try:
-        worker = Worker(args, session)
+        worker = Worker(args, session, unsaved=not args.resume)
     except ProviderError as exc:
         save_session(session_dir, session)
         return fail(EXIT_BAD_CONFIG, str(exc))
-    return asyncio.run(worker.run())
+    code = asyncio.run(worker.run())
+    # Everything is saved and announced; skip the interpreter's teardown (about 10 ms a
+    # worker, which a drain of a hundred agents would otherwise wait for).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
