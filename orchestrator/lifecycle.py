@@ -1,0 +1,273 @@
+"""Pure lifecycle decisions for a CalibanTask: functional core, no I/O.
+
+The operator's handlers (``orchestrator.operator``) only fetch what they need — the
+object, the ledger's operation and heartbeat, the clock — call these functions, and
+apply what they return. Every decision here is a function of its arguments, so the unit
+tests cover the whole table of phases and events without a cluster.
+
+Spec parsing lives here too: a malformed spec becomes a ``SpecError`` naming the field,
+which the operator turns into phase ``Failed`` with a condition, and keeps serving others.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+FINALIZER = "caliban.caliban-ai.dev/drain"
+WAKE_ANNOTATION = "caliban.caliban-ai.dev/wake"
+CHECKPOINT_LABEL = "caliban.caliban-ai.dev/checkpoint"
+TASK_LABEL = "caliban.caliban-ai.dev/task"
+SANDBOX_V1ALPHA1 = "agents.x-k8s.io/v1alpha1"
+SANDBOX_V1BETA1 = "agents.x-k8s.io/v1beta1"
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_UNIT_SECS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    DRAINING = "Draining"
+    SUSPENDED = "Suspended"
+    RESUMING = "Resuming"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class SpecError(ValueError):
+    """A CalibanTask spec field that cannot be honoured; ``field`` is its path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"spec.{field}: {message}")
+        self.field = field
+
+
+def parse_duration(value: object, field: str) -> float:
+    """``"90s"``, ``"2m"``, ``"1h30m"``, ``"500ms"`` → seconds."""
+    if not isinstance(value, str) or not _DURATION.match(value):
+        raise SpecError(field, f"{value!r} is not a duration like 30s, 2m or 1h30m")
+    return sum(float(n) * _UNIT_SECS[unit] for n, unit in _DURATION_PART.findall(value))
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    agents: int
+    provider: str
+    model: str
+    prompt: str | None
+    idle_timeout_secs: float | None
+    on_delete: str
+    drain_grace_secs: float
+    drain_timeout_secs: float
+    suspend: bool
+    resume_from: str | None
+    sandbox_api_version: str
+    storage: str
+
+
+def parse_spec(spec: dict[str, Any]) -> TaskSpec:
+    """Validate and default a spec the way the CRD schema does, for objects that reach the
+    operator without it (an older CRD, a server without structural defaults)."""
+    task = spec.get("task") or {}
+    lifecycle = spec.get("lifecycle") or {}
+    resume_from = spec.get("resumeFrom") or {}
+    sandbox = spec.get("sandbox") or {}
+    workspace = spec.get("workspace") or {}
+    for name, section in (
+        ("task", task), ("lifecycle", lifecycle), ("resumeFrom", resume_from),
+        ("sandbox", sandbox), ("workspace", workspace),
+    ):  # fmt: skip
+        if not isinstance(section, dict):
+            raise SpecError(name, f"must be an object, not {type(section).__name__}")
+    agents = task.get("agents", 1)
+    if not isinstance(agents, int) or isinstance(agents, bool) or not 1 <= agents <= 64:
+        raise SpecError("task.agents", f"{agents!r} is not a whole number from 1 to 64")
+    provider = task.get("provider", "scripted")
+    if not isinstance(provider, str) or not provider:
+        raise SpecError("task.provider", f"{provider!r} is not a provider name")
+    model = task.get("model", "")
+    if not isinstance(model, str):
+        raise SpecError("task.model", f"{model!r} is not a string")
+    prompt = task.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise SpecError("task.prompt", f"{prompt!r} is not a string")
+    idle = lifecycle.get("idleTimeout")
+    idle_secs = None if idle is None else parse_duration(idle, "lifecycle.idleTimeout")
+    on_delete = lifecycle.get("onDelete", "checkpoint")
+    if on_delete not in ("checkpoint", "delete"):
+        raise SpecError("lifecycle.onDelete", f"{on_delete!r} is not checkpoint or delete")
+    grace = parse_duration(lifecycle.get("drainGracePeriod", "30s"), "lifecycle.drainGracePeriod")
+    timeout = parse_duration(lifecycle.get("drainTimeout", "2m"), "lifecycle.drainTimeout")
+    suspend = lifecycle.get("suspend", False)
+    if not isinstance(suspend, bool):
+        raise SpecError("lifecycle.suspend", f"{suspend!r} is not true or false")
+    ref = resume_from.get("checkpointRef")
+    if ref is not None and (not isinstance(ref, str) or not _LABEL_VALUE.match(ref)):
+        raise SpecError("resumeFrom.checkpointRef", f"{ref!r} is not a checkpoint ref")
+    api_version = sandbox.get("apiVersion", SANDBOX_V1ALPHA1)
+    if api_version not in (SANDBOX_V1ALPHA1, SANDBOX_V1BETA1):
+        raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
+    storage = workspace.get("storage", "1Gi")
+    return TaskSpec(
+        agents=agents,
+        provider=provider,
+        model=model,
+        prompt=prompt,
+        idle_timeout_secs=idle_secs,
+        on_delete=on_delete,
+        drain_grace_secs=grace,
+        drain_timeout_secs=timeout,
+        suspend=suspend,
+        resume_from=ref,
+        sandbox_api_version=api_version,
+        storage=str(storage),
+    )
+
+
+# ------------------------------------------------------------------------ decisions
+
+
+class DeleteAction(StrEnum):
+    RELEASE = "release"
+    """Let the finalizer go now."""
+    START_DRAIN = "start-drain"
+    WAIT = "wait"
+    RECORDED = "recorded"
+    """The checkpoint is in the ledger: write checkpointRef, retain the PVC, release."""
+    FORCE = "force"
+    """Drain failed or timed out: record a forced checkpoint, warn, release."""
+
+
+def decide_delete(
+    spec: TaskSpec | None,
+    op_state: str | None,
+    drain_started: datetime | None,
+    now: datetime,
+) -> DeleteAction:
+    """What the drain finalizer does next for a task being deleted.
+
+    ``spec`` is None for a task whose spec never parsed (nothing of it ran, nothing to
+    keep); ``op_state`` is the ledger state of this deletion's drain, None if not begun.
+    """
+    if spec is None or spec.on_delete == "delete":
+        return DeleteAction.RELEASE
+    if op_state is None:
+        return DeleteAction.START_DRAIN
+    if op_state in ("recorded", "forced"):
+        return DeleteAction.RECORDED
+    if op_state == "failed":
+        return DeleteAction.FORCE
+    if drain_timed_out(drain_started, spec.drain_timeout_secs, now):
+        return DeleteAction.FORCE
+    return DeleteAction.WAIT
+
+
+def drain_timed_out(started: datetime | None, timeout_secs: float, now: datetime) -> bool:
+    return started is not None and (now - started).total_seconds() >= timeout_secs
+
+
+def idle_for(all_idle_since: datetime | None, now: datetime) -> float | None:
+    return None if all_idle_since is None else max(0.0, (now - all_idle_since).total_seconds())
+
+
+def should_idle_pause(
+    spec: TaskSpec, phase: str | None, all_idle_since: datetime | None, now: datetime
+) -> bool:
+    """Pause when every agent has been idle for ``idleTimeout`` (and there is one)."""
+    if spec.idle_timeout_secs is None or phase != Phase.RUNNING:
+        return False
+    idle = idle_for(all_idle_since, now)
+    return idle is not None and idle >= spec.idle_timeout_secs
+
+
+class Wanted(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    NOTHING = "nothing"
+
+
+def wanted_transition(
+    spec: TaskSpec,
+    phase: str | None,
+    paused_by: str | None,
+    wake_value: str | None,
+    last_wake: str | None,
+) -> Wanted:
+    """What the user asked for through kubectl, given where the task is.
+
+    ``spec.lifecycle.suspend: true`` pauses a running task (like a Job's
+    ``spec.suspend``); ``false`` resumes one that was paused that way. The wake
+    annotation resumes an idle-paused task once per new value (what an attach does).
+    A task paused by ``suspend: true`` stays paused until the spec says otherwise.
+    """
+    if spec.suspend:
+        return Wanted.PAUSE if phase == Phase.RUNNING else Wanted.NOTHING
+    if phase != Phase.SUSPENDED:
+        return Wanted.NOTHING
+    if paused_by == "manual":
+        return Wanted.RESUME
+    if wake_value and wake_value != last_wake:
+        return Wanted.RESUME
+    return Wanted.NOTHING
+
+
+def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:
+    """The Sandbox spec change that stops (or restarts) its pod, per API version."""
+    if api_version == SANDBOX_V1BETA1:
+        return {"spec": {"operatingMode": "Suspended" if suspended else "Running"}}
+    return {"spec": {"replicas": 0 if suspended else 1}}
+
+
+def sandbox_is_suspended(api_version: str, sandbox_spec: dict[str, Any]) -> bool:
+    if api_version == SANDBOX_V1BETA1:
+        return sandbox_spec.get("operatingMode") == "Suspended"
+    return bool(sandbox_spec.get("replicas", 1) == 0)
+
+
+def running_phase(phase: str | None, agents_live: int | None) -> str | None:
+    """Provisioning or Resuming becomes Running once the daemon reports live agents."""
+    if phase in (Phase.PROVISIONING, Phase.RESUMING) and agents_live:
+        return Phase.RUNNING
+    return None
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str, now: datetime, generation: int | None
+) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedGeneration": generation,
+    }
+
+
+def merge_conditions(existing: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Replace the condition of the same type; keep lastTransitionTime if status held."""
+    out = []
+    replaced = False
+    for cond in existing:
+        if cond.get("type") == new["type"]:
+            replaced = True
+            if cond.get("status") == new["status"]:
+                new = {**new, "lastTransitionTime": cond.get("lastTransitionTime")}
+            out.append(new)
+        else:
+            out.append(cond)
+    if not replaced:
+        out.append(new)
+    return out
+
+
+def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """Only the status fields that differ (no-op churn avoidance)."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}
