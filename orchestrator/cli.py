@@ -48,6 +48,10 @@ def main() -> None:
 @click.option("--queue", help="caliband.<namespace>.<name>: also run this queue's Celery consumer.")
 @click.option("--broker", "broker_url", help="The consumer's broker URL (else DRAIN_BROKER_URL).")
 @click.option("--task-uid", help="The CalibanTask uid this pod serves (sent in heartbeats).")
+@click.option("--initial-agents", type=int, help="Agents to spawn into an empty store.")
+@click.option("--initial-provider", help="Provider of the initial agents.")
+@click.option("--initial-model", help="Model of the initial agents.")
+@click.option("--initial-prompt", help="Initial prompt of the initial agents.")
 @click.option("--log-level", default="INFO", show_default=True)
 def daemon(log_level: str, **options: Any) -> None:
     """Run the supervisor daemon in the foreground (SIGTERM drains, then exits)."""
@@ -400,6 +404,66 @@ def ledger_show(as_json: bool, ref: str) -> None:
             f"  {agent.agent_id:<20} turns={agent.turns:<5} clean={agent.clean!s:<5} "
             f"{agent.session_dir}  {(agent.session_sha256 or '-')[:16]}"
         )
+
+
+# -------------------------------------------------------------------------- operator
+
+
+@main.command("operator")
+@click.option("--manage-sandbox", is_flag=True, help="Provision each task's Sandbox and PVC.")
+@click.option("--namespace", "namespaces", multiple=True, help="Watch only these namespaces.")
+@click.option("--log-level", default="INFO", show_default=True)
+def operator_cmd(manage_sandbox: bool, namespaces: tuple[str, ...], log_level: str) -> None:
+    """Run the CalibanTask operator (kopf; kubeconfig or in-cluster credentials)."""
+    configure_logging(log_level)
+    from orchestrator.operator import run_operator
+
+    run_operator(namespaces=list(namespaces) or None, manage_sandbox=manage_sandbox)
+
+
+def _patch_task(task: str, patch: dict[str, Any]) -> dict[str, Any]:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from orchestrator.kube import load_credentials
+
+    namespace, name = _task_ref(task)
+    load_credentials()
+    api = client.CustomObjectsApi()
+    try:
+        result: dict[str, Any] = api.patch_namespaced_custom_object(
+            "caliban.caliban-ai.dev", "v1alpha1", namespace, "calibantasks", name, patch
+        )
+    except ApiException as exc:
+        raise click.ClickException(f"calibantask {task}: {exc.status} {exc.reason}") from None
+    return result
+
+
+@main.command("pause")
+@click.argument("task")
+def pause_cmd(task: str) -> None:
+    """Pause NS/NAME: drain, checkpoint, suspend (sets spec.lifecycle.suspend: true)."""
+    _patch_task(task, {"spec": {"lifecycle": {"suspend": True}}})
+    click.echo(f"calibantask {task} pausing")
+
+
+@main.command("wake")
+@click.argument("task")
+def wake_cmd(task: str) -> None:
+    """Resume NS/NAME from its checkpoint (clears suspend and sets the wake annotation)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.lifecycle import WAKE_ANNOTATION
+
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    _patch_task(
+        task,
+        {
+            "metadata": {"annotations": {WAKE_ANNOTATION: stamp}},
+            "spec": {"lifecycle": {"suspend": False}},
+        },
+    )
+    click.echo(f"calibantask {task} waking")
 
 
 # ------------------------------------------------------------------------------ demo

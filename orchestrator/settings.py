@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     heartbeat_poll_secs: float = Field(default=1.0, gt=0)
     """How often a daemon's consumer looks for activity changes."""
 
+    reconcile_interval_secs: float = Field(default=2.0, gt=0)
+    """How often the operator re-examines each CalibanTask (idle, pause, wake, phase)."""
+    manage_sandbox: bool = False
+    """Provision each task's Sandbox and workspace PVC (``--manage-sandbox``)."""
+    daemon_image: str = "ghcr.io/caliban-ai/caliban-drain:latest"
+    """The image of the daemon container in provisioned Sandboxes."""
+    daemon_broker_url: str | None = None
+    """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+
     def backend(self) -> str:
         return self.result_backend or self.broker_url
 

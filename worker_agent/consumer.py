@@ -105,7 +105,8 @@ def drain(self: Task[Any, Any], op_id: str, grace_secs: float) -> dict[str, Any]
 
 @app.task(name=DAEMON_RESUME, bind=True, max_retries=SUPERVISOR_RETRIES)
 def resume(self: Task[Any, Any], op_id: str, agents: list[dict[str, Any]]) -> dict[str, Any]:
-    """Resume each agent of a checkpoint; one that is already live counts as resumed."""
+    """Resume each agent of a checkpoint (all in the store when it names none); one that
+    is already live counts as resumed."""
     config = ConsumerConfig.from_env()
     journal = OperationJournal(config.store)
     if (done := journal.get(op_id, "resume")) is not None:
@@ -114,7 +115,12 @@ def resume(self: Task[Any, Any], op_id: str, agents: list[dict[str, Any]]) -> di
     results: list[dict[str, Any]] = []
     try:
         with _client(config, timeout=120) as client:
-            live = {r.id for r in client.agents() if r.status.live}
+            records = client.agents()
+            live = {r.id for r in records if r.status.live}
+            if not agents:
+                # A forced checkpoint names no agents: it is the PVC as it was, so every
+                # agent found in the store is resumed.
+                agents = [{"id": r.id, "session_dir": f"agents/{r.id}"} for r in records]
             for agent in agents:
                 agent_id, session_dir = str(agent.get("id")), str(agent.get("session_dir"))
                 if agent_id in live:

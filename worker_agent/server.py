@@ -212,6 +212,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
     if settings.queue is not None:
         consumer = ConsumerProcess(settings, str(supervisor.socket_path))
         consumer.start()
+    await supervisor.spawn_initial()
     log.info("daemon_ready pid=%d store=%s", os.getpid(), supervisor.store.root)
     await supervisor.stopping.wait()
     log.info("daemon_stopping drain_grace_secs=%s", settings.drain_grace_secs)

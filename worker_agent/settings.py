@@ -44,6 +44,12 @@ class DaemonSettings(BaseSettings):
     """The consumer's broker; defaults to ``DRAIN_BROKER_URL``."""
     task_uid: str | None = None
     """The CalibanTask uid this pod serves, carried in heartbeats."""
+    initial_agents: int = Field(default=0, ge=0, le=64)
+    """Agents to spawn when the store holds none yet (a fresh workspace); a store with
+    agents (a restart, a resume, a restore) is left for ``resume`` to continue."""
+    initial_provider: str = "scripted"
+    initial_model: str | None = None
+    initial_prompt: str | None = None
 
     def socket_path(self) -> Path:
         return self.socket if self.socket is not None else self.store / "run" / "caliband.sock"

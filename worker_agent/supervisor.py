@@ -16,8 +16,8 @@ import logging
 import os
 import signal
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from worker_agent import proto
 from worker_agent.process import LaunchError, WorkerProcess, render_command
@@ -60,6 +60,19 @@ class Supervisor:
             len(self.registry),
             ",".join(crashed) or "-",
         )
+
+    async def spawn_initial(self) -> None:
+        """Start ``initial_agents`` agents if this store has never held one."""
+        if len(self.registry) or not self.settings.initial_agents:
+            return
+        spec = proto.SpawnSpec(
+            provider=self.settings.initial_provider,
+            model=self.settings.initial_model,
+            initial_prompt=self.settings.initial_prompt,
+        )
+        for _ in range(self.settings.initial_agents):
+            await self.spawn(spec)
+        log.info("initial_agents_spawned count=%d", self.settings.initial_agents)
 
     # ------------------------------------------------------------------ verbs
 

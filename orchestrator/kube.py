@@ -1,0 +1,147 @@
+"""The few Kubernetes calls the operator makes besides kopf's own: Sandboxes, workspace
+PVCs, and CalibanTask reads. A thin shell over the official client, run in threads so
+kopf's event loop never blocks; every function here is one API call or a small idempotent
+ensure-step, and the decisions about *when* to call them live in ``lifecycle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from orchestrator.lifecycle import CHECKPOINT_LABEL, TASK_LABEL
+
+_loaded = False
+
+
+def load_credentials() -> None:
+    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    global _loaded
+    if _loaded:
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    _loaded = True
+
+
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.partition("/")
+    return group, version
+
+
+async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
+    group, version = _group_version(api_version)
+
+    def call() -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+                group, version, namespace, "sandboxes", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    return await asyncio.to_thread(call)
+
+
+async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any]) -> None:
+    group, version = _group_version(api_version)
+
+    def call() -> None:
+        try:
+            client.CustomObjectsApi().create_namespaced_custom_object(
+                group, version, namespace, "sandboxes", body
+            )
+        except ApiException as exc:
+            if exc.status != 409:  # already there: ensure is idempotent
+                raise
+
+    await asyncio.to_thread(call)
+
+
+async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    group, version = _group_version(api_version)
+    await asyncio.to_thread(
+        client.CustomObjectsApi().patch_namespaced_custom_object,
+        group, version, namespace, "sandboxes", name, patch,
+    )  # fmt: skip
+
+
+async def get_pvc(namespace: str, name: str) -> Any:
+    def call() -> Any:
+        try:
+            return client.CoreV1Api().read_namespaced_persistent_volume_claim(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    return await asyncio.to_thread(call)
+
+
+async def ensure_pvc(
+    namespace: str, name: str, storage: str, owner: dict[str, Any], task_name: str
+) -> None:
+    """Create the workspace PVC owned by the task, or adopt an existing (retained) one."""
+    existing = await get_pvc(namespace, name)
+    if existing is None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {TASK_LABEL: task_name},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": storage}},
+            },
+        }
+
+        def create() -> None:
+            try:
+                client.CoreV1Api().create_namespaced_persistent_volume_claim(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+        await asyncio.to_thread(create)
+        return
+    owners = existing.metadata.owner_references or []
+    if not any(o.uid == owner["uid"] for o in owners):
+        patch = {"metadata": {"ownerReferences": [owner], "labels": {TASK_LABEL: task_name}}}
+        await asyncio.to_thread(
+            client.CoreV1Api().patch_namespaced_persistent_volume_claim, name, namespace, patch
+        )
+
+
+async def retain_pvc(namespace: str, name: str, owner_uid: str, checkpoint_ref: str) -> bool:
+    """Drop the task's owner reference (so deleting the task keeps the volume) and label
+    the PVC with the checkpoint it holds. False if there is no such PVC."""
+    existing = await get_pvc(namespace, name)
+    if existing is None:
+        return False
+    owners = [
+        client.ApiClient().sanitize_for_serialization(o)
+        for o in (existing.metadata.owner_references or [])
+        if o.uid != owner_uid
+    ]
+    labels = {**(existing.metadata.labels or {}), CHECKPOINT_LABEL: checkpoint_ref}
+    # JSON patch "add" replaces a present member, so it serves whether or not they exist.
+    patch = [
+        {"op": "add", "path": "/metadata/ownerReferences", "value": owners},
+        {"op": "add", "path": "/metadata/labels", "value": labels},
+    ]
+    await asyncio.to_thread(
+        client.CoreV1Api().patch_namespaced_persistent_volume_claim, name, namespace, patch
+    )
+    return True

@@ -1,0 +1,466 @@
+"""The CalibanTask operator (kopf): the imperative shell around ``lifecycle``.
+
+Handlers stay thin: they read the object, the ledger (operations, checkpoints, daemon
+heartbeats) and the clock, ask ``lifecycle`` what to do, then enqueue Celery chains
+through ``pipeline``, patch Sandboxes and PVCs through ``kube``, and patch status.
+
+- a timer per task reconciles level-triggered: provisioning, Running once the daemon
+  reports live agents, idle pause, ``spec.lifecycle.suspend``, the wake annotation,
+  a pause's drain → record → Sandbox suspend, and resume on re-activation;
+- the delete handler is the drain finalizer ``caliban.caliban-ai.dev/drain``: drain,
+  record, ``status.checkpointRef``, retain the PVC, release — or, past
+  ``drainTimeout``, a forced checkpoint and a Warning event. Deletion never wedges.
+
+Every operation is begun with an idempotency key derived from the task's uid, so an
+operator restarted mid-drain finds its operation in the ledger and waits for it
+instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from orchestrator import kube, pipeline
+from orchestrator.celery_app import app, daemon_queue
+from orchestrator.ledger import Ledger, OperationView
+from orchestrator.lifecycle import (
+    FINALIZER,
+    WAKE_ANNOTATION,
+    DeleteAction,
+    Phase,
+    SpecError,
+    TaskSpec,
+    Wanted,
+    condition,
+    decide_delete,
+    merge_conditions,
+    parse_spec,
+    running_phase,
+    sandbox_suspension_patch,
+    should_idle_pause,
+    wanted_transition,
+)
+from orchestrator.settings import Settings, get_settings
+from orchestrator.tasks import get_ledger
+
+log = logging.getLogger(__name__)
+
+GROUP = "caliban.caliban-ai.dev"
+VERSION = "v1alpha1"
+PLURAL = "calibantasks"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_iso(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _operation_status(op: OperationView) -> dict[str, Any]:
+    return {
+        "id": op.id,
+        "kind": str(op.kind),
+        "state": str(op.state),
+        "error": op.error,
+        "startedAt": _iso(op.created_at),
+        "finishedAt": _iso(op.finished_at),
+    }
+
+
+async def _ledger_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 70
+    kube.load_credentials()
+
+
+# ----------------------------------------------------------------------- reconcile
+
+
+class Reconciler:
+    """One pass over one task: everything it decides is written to ``patch``."""
+
+    def __init__(
+        self,
+        body: kopf.Body,
+        patch: kopf.Patch,
+        ledger: Ledger,
+        settings: Settings,
+    ) -> None:
+        self.body = body
+        self.patch = patch
+        self.ledger = ledger
+        self.settings = settings
+        self.meta = body.meta
+        self.status: dict[str, Any] = dict(body.status or {})
+        self.namespace = str(self.meta.namespace)
+        self.name = str(self.meta.name)
+        self.uid = str(self.meta.uid)
+        self.now = _now()
+
+    # -- status writing
+
+    def set_status(self, **fields: Any) -> None:
+        for key, value in fields.items():
+            if self.status.get(key) != value:
+                self.patch.status[key] = value
+                self.status[key] = value
+
+    def set_phase(self, phase: Phase, message: str) -> None:
+        if self.status.get("phase") != phase:
+            kopf.info(self.body, reason=phase.value, message=message)
+            self.set_status(phase=phase.value, phaseSince=_iso(self.now))
+        self.set_status(message=message)
+
+    def set_condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        new = condition(type_, ok, reason, message, self.now, self.meta.get("generation"))
+        merged = merge_conditions(list(self.status.get("conditions") or []), new)
+        self.set_status(conditions=merged)
+
+    def record_operation(self, op: OperationView) -> None:
+        self.set_status(lastOperation=_operation_status(op))
+
+    # -- names
+
+    @property
+    def pvc_name(self) -> str:
+        return str(self.status.get("pvcName") or f"{self.name}-workspace")
+
+    def owner(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "CalibanTask",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    # -- the pass
+
+    async def run(self) -> None:
+        try:
+            spec = parse_spec(dict(self.body.spec or {}))
+        except SpecError as exc:
+            self.set_condition("SpecValid", False, "InvalidSpec", str(exc))
+            if self.status.get("phase") != Phase.FAILED:
+                kopf.warn(self.body, reason="InvalidSpec", message=str(exc))
+            self.set_phase(Phase.FAILED, str(exc))
+            return
+        self.set_condition("SpecValid", True, "Valid", "spec accepted")
+        self.set_status(observedGeneration=self.meta.get("generation"))
+        phase = self.status.get("phase")
+        if phase in (None, Phase.PENDING):
+            await self.provision(spec)
+        elif phase in (Phase.PROVISIONING, Phase.RESUMING):
+            await self.await_running(spec)
+        elif phase == Phase.RUNNING:
+            await self.while_running(spec)
+        elif phase == Phase.DRAINING:
+            await self.finish_pause(spec)
+        elif phase == Phase.SUSPENDED:
+            await self.while_suspended(spec)
+
+    async def provision(self, spec: TaskSpec) -> None:
+        pvc_name = self.pvc_name
+        restore_from = None
+        if spec.resume_from is not None:
+            restore_from = await _ledger_call(self.ledger.get_checkpoint, spec.resume_from)
+            if restore_from is None:
+                message = (
+                    f"spec.resumeFrom.checkpointRef: unknown checkpoint ref "
+                    f"{spec.resume_from!r} (not in the ledger)"
+                )
+                self.set_condition("SpecValid", False, "UnknownCheckpoint", message)
+                kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
+                self.set_phase(Phase.FAILED, message)
+                return
+            pvc_name = restore_from.pvc_name or pvc_name
+        self.set_status(pvcName=pvc_name, sandboxName=self.name, agents=spec.agents, idleSince=None)
+        if self.settings.manage_sandbox:
+            await kube.ensure_pvc(self.namespace, pvc_name, spec.storage, self.owner(), self.name)
+            await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
+                                      self.sandbox_body(spec, pvc_name))  # fmt: skip
+        if restore_from is not None:
+            op = await _ledger_call(
+                pipeline.start_resume, app, self.ledger, self.settings,
+                namespace=self.namespace, name=self.name, checkpoint_ref=restore_from.ref,
+                task_uid=self.uid, kind="restore", idempotency_key=f"{self.uid}:restore",
+            )  # fmt: skip
+            self.record_operation(op)
+            self.set_status(checkpointRef=restore_from.ref)
+            self.set_phase(Phase.RESUMING, f"restoring from checkpoint {restore_from.ref}")
+            return
+        self.set_phase(Phase.PROVISIONING, "waiting for the daemon to report its agents")
+
+    def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
+        args = [
+            "daemon", "--store", "/workspace", "--socket", "/run/caliband/ctl.sock",
+            "--queue", daemon_queue(self.namespace, self.name), "--task-uid", self.uid,
+            "--drain-grace", str(spec.drain_grace_secs),
+            "--initial-agents", str(spec.agents), "--initial-provider", spec.provider,
+        ]  # fmt: skip
+        if spec.model:
+            args += ["--initial-model", spec.model]
+        if spec.prompt:
+            args += ["--initial-prompt", spec.prompt]
+        broker = self.settings.daemon_broker_url or self.settings.broker_url
+        pod_spec: dict[str, Any] = {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": int(spec.drain_grace_secs) + 30,
+            "containers": [
+                {
+                    "name": "caliband",
+                    "image": self.settings.daemon_image,
+                    "command": ["drainctl"],
+                    "args": args,
+                    "env": [{"name": "DRAIN_BROKER_URL", "value": broker}],
+                    "volumeMounts": [
+                        {"name": "workspace", "mountPath": "/workspace"},
+                        {"name": "run", "mountPath": "/run/caliband"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_name}},
+                {"name": "run", "emptyDir": {}},
+            ],
+        }
+        suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
+        return {
+            "apiVersion": spec.sandbox_api_version,
+            "kind": "Sandbox",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "ownerReferences": [self.owner()],
+                "labels": {"caliban.caliban-ai.dev/task": self.name},
+            },
+            "spec": {**suspended, "podTemplate": {"spec": pod_spec}},
+        }
+
+    async def fresh_activity(self) -> Any:
+        """The daemon's latest heartbeat, if it is from this task and this phase."""
+        activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
+        if activity is None or (activity.task_uid not in (None, self.uid)):
+            return None
+        since = _parse_iso(self.status.get("phaseSince"))
+        if since is not None and activity.reported_at < since:
+            return None
+        return activity
+
+    async def await_running(self, spec: TaskSpec) -> None:
+        op = await self.last_operation()
+        if op is not None:
+            self.record_operation(op)
+            if op.state == "failed":
+                self.set_condition("Resumed", False, "ResumeFailed", op.error or "failed")
+            elif op.state == "resumed" and op.error:
+                self.set_condition("Resumed", False, "PartlyResumed", op.error)
+            elif op.state == "resumed":
+                self.set_condition("Resumed", True, "Resumed", "every agent continues")
+            elif not op.terminal:
+                return  # the resume chain is still on its way
+        activity = await self.fresh_activity()
+        if running_phase(self.status.get("phase"), activity and activity.agents_live):
+            self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
+
+    async def while_running(self, spec: TaskSpec) -> None:
+        activity = await self.fresh_activity()
+        idle_since = activity.all_idle_since if activity is not None else None
+        self.set_status(idleSince=_iso(idle_since))
+        wanted = wanted_transition(
+            spec, Phase.RUNNING, None, self.wake_value(), self.status.get("lastWake")
+        )
+        if wanted is Wanted.PAUSE:
+            await self.start_pause(spec, "manual")
+        elif should_idle_pause(spec, Phase.RUNNING, idle_since, self.now):
+            await self.start_pause(spec, "idle")
+
+    def wake_value(self) -> str | None:
+        value = self.meta.annotations.get(WAKE_ANNOTATION)
+        return None if value is None else str(value)
+
+    async def start_pause(self, spec: TaskSpec, paused_by: str) -> None:
+        count = int(self.status.get("pauses") or 0) + 1
+        op = await _ledger_call(
+            pipeline.start_drain, app, self.ledger, self.settings,
+            namespace=self.namespace, name=self.name, task_uid=self.uid,
+            grace_secs=spec.drain_grace_secs, kind="pause", reason="pause",
+            pvc_name=self.pvc_name, idempotency_key=f"{self.uid}:pause:{count}",
+        )  # fmt: skip
+        self.record_operation(op)
+        self.set_status(pauses=count, pausedBy=paused_by)
+        why = "every agent idle" if paused_by == "idle" else "spec.lifecycle.suspend is true"
+        self.set_phase(Phase.DRAINING, f"pausing: {why}; draining agents")
+
+    async def last_operation(self) -> OperationView | None:
+        last = self.status.get("lastOperation") or {}
+        op_id = last.get("id")
+        if not op_id:
+            return None
+        op: OperationView | None = await _ledger_call(self.ledger.get_operation, op_id)
+        return op
+
+    async def finish_pause(self, spec: TaskSpec) -> None:
+        op = await self.last_operation()
+        if op is None:
+            self.set_phase(Phase.RUNNING, "no pause operation to wait for")
+            return
+        self.record_operation(op)
+        if op.state == "recorded" and op.checkpoint_ref:
+            if self.settings.manage_sandbox:
+                await kube.patch_sandbox(
+                    spec.sandbox_api_version, self.namespace, self.name,
+                    sandbox_suspension_patch(spec.sandbox_api_version, True),
+                )  # fmt: skip
+            self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
+            self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {op.checkpoint_ref}")
+            self.set_phase(Phase.SUSPENDED, f"suspended with checkpoint {op.checkpoint_ref}")
+        elif op.state == "failed":
+            message = f"pause abandoned, agents keep running: {op.error}"
+            kopf.warn(self.body, reason="PauseFailed", message=message)
+            self.set_condition("Checkpointed", False, "PauseFailed", message)
+            self.set_status(pausedBy=None)
+            self.set_phase(Phase.RUNNING, message)
+
+    async def while_suspended(self, spec: TaskSpec) -> None:
+        wake = self.wake_value()
+        wanted = wanted_transition(
+            spec, Phase.SUSPENDED, self.status.get("pausedBy"), wake, self.status.get("lastWake")
+        )
+        if wanted is not Wanted.RESUME:
+            return
+        ref = self.status.get("checkpointRef")
+        if self.settings.manage_sandbox:
+            await kube.patch_sandbox(
+                spec.sandbox_api_version, self.namespace, self.name,
+                sandbox_suspension_patch(spec.sandbox_api_version, False),
+            )  # fmt: skip
+        if ref:
+            op = await _ledger_call(
+                pipeline.start_resume, app, self.ledger, self.settings,
+                namespace=self.namespace, name=self.name, checkpoint_ref=ref,
+                task_uid=self.uid, idempotency_key=f"{self.uid}:resume:{ref}",
+            )  # fmt: skip
+            self.record_operation(op)
+        self.set_status(pausedBy=None, lastWake=wake)
+        self.set_phase(Phase.RESUMING, f"resuming from checkpoint {ref}")
+
+
+# One level-triggered timer per task (its first tick comes at once): event handlers would
+# race it, as kopf runs timers beside them.
+@kopf.timer(GROUP, VERSION, PLURAL, interval=get_settings().reconcile_interval_secs)
+async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    await Reconciler(body, patch, get_ledger(), get_settings()).run()
+
+
+# ------------------------------------------------------------------ drain finalizer
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1.0)
+async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    r = Reconciler(body, patch, get_ledger(), get_settings())
+    try:
+        spec: TaskSpec | None = parse_spec(dict(body.spec or {}))
+    except SpecError:
+        spec = None
+    key = f"{r.uid}:delete"
+    op: OperationView | None = await _ledger_call(r.ledger.find_operation, key)
+    # A suspended task was drained and checkpointed when it paused: that checkpoint
+    # is what deletion keeps, and its daemon is already stopped.
+    if op is None and spec is not None and r.status.get("phase") == Phase.SUSPENDED:
+        ref = r.status.get("checkpointRef")
+        if ref and spec.on_delete == "checkpoint":
+            await _release_with_checkpoint(r, ref)
+            return
+    action = decide_delete(spec, op.state if op else None, op.created_at if op else None, r.now)
+    if action is DeleteAction.RELEASE:
+        kopf.info(body, reason="Released", message="onDelete: delete; not checkpointed")
+        return
+    if action is DeleteAction.START_DRAIN:
+        assert spec is not None
+        op = await _ledger_call(
+            pipeline.start_drain, app, r.ledger, r.settings,
+            namespace=r.namespace, name=r.name, task_uid=r.uid,
+            grace_secs=spec.drain_grace_secs, kind="delete-drain", reason="delete",
+            pvc_name=r.pvc_name, idempotency_key=key,
+        )  # fmt: skip
+        r.record_operation(op)
+        r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
+        raise kopf.TemporaryError("draining before deletion", delay=1)
+    assert op is not None
+    r.record_operation(op)
+    if action is DeleteAction.WAIT:
+        raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=1)
+    if action is DeleteAction.RECORDED and op.checkpoint_ref:
+        await _release_with_checkpoint(r, op.checkpoint_ref)
+        return
+    await _force_delete(r, op)
+
+
+async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
+    r.set_status(checkpointRef=ref)
+    retained = await kube.retain_pvc(r.namespace, r.pvc_name, r.uid, ref)
+    where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
+    kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
+
+
+async def _force_delete(r: Reconciler, op: OperationView) -> None:
+    """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release."""
+    forced = await _ledger_call(
+        r.ledger.begin_operation, "force-delete", task_uid=r.uid, namespace=r.namespace,
+        name=r.name, idempotency_key=f"{r.uid}:force",
+    )  # fmt: skip
+    checkpoint = await _ledger_call(
+        r.ledger.record_checkpoint, forced.id, [], reason="forced", pvc_name=r.pvc_name,
+        forced=True,
+    )  # fmt: skip
+    why = op.error or f"drain {op.id} did not finish within drainTimeout"
+    kopf.warn(
+        r.body,
+        reason="ForcedCheckpoint",
+        message=f"deleting without a clean drain ({why}); forced checkpoint {checkpoint.ref} "
+        f"of PVC {r.pvc_name}",
+    )
+    await _release_with_checkpoint(r, checkpoint.ref)
+
+
+def run_operator(*, namespaces: list[str] | None, manage_sandbox: bool) -> None:
+    """``drainctl operator``: kopf in the foreground, standalone (one replica)."""
+    import os
+
+    if manage_sandbox:
+        os.environ["DRAIN_MANAGE_SANDBOX"] = "true"
+        get_settings.cache_clear()
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces or [],
+    )
