@@ -11,6 +11,7 @@ a visibility timeout longer than the longest drain, connection retry on start-up
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Final
 
 from celery import Celery
@@ -59,11 +60,23 @@ def daemon_queue(namespace: str, name: str) -> str:
 
 def make_app(settings: Settings) -> Celery:
     app = Celery("caliban-drain", broker=settings.broker_url, backend=settings.backend())
-    transport_options = {
+    transport_options: dict[str, object] = {
         "visibility_timeout": settings.visibility_timeout_secs,
         "unacked_restore_interval": settings.unacked_restore_interval_secs,
         "unacked_restore_throttle": 1,
     }
+    if settings.broker_url.startswith("filesystem://"):
+        # The embedded broker: processes on one machine exchange messages as files.
+        folder = Path(settings.broker_folder or "./.broker")
+        for sub in ("queue", "processed", "results"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        }
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -79,7 +92,9 @@ def make_app(settings: Settings) -> Celery:
         result_extended=True,
         result_expires=7 * 24 * 3600,
         broker_transport_options=transport_options,
-        result_backend_transport_options=transport_options,
+        result_backend_transport_options=(
+            {} if settings.broker_url.startswith("filesystem://") else transport_options
+        ),
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         task_default_queue=ORCHESTRATOR_QUEUE,

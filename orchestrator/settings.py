@@ -18,7 +18,11 @@ class Settings(BaseSettings):
     broker_url: str = "redis://127.0.0.1:6379/0"
     """Celery broker (``DRAIN_BROKER_URL``): ``redis://`` (default) or ``amqp://``."""
     result_backend: str | None = None
-    """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL."""
+    """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL, or
+    to a results folder beside the embedded broker's."""
+    broker_folder: str | None = None
+    """With ``DRAIN_BROKER_URL=filesystem://`` (the embedded broker of ``drainctl dev
+    up``): the folder the processes exchange messages through."""
     database_url: str = "sqlite:///./caliban-drain.db"
     """The checkpoint ledger (``DRAIN_DATABASE_URL``): SQLite or ``postgresql+psycopg://``."""
 
@@ -51,7 +55,11 @@ class Settings(BaseSettings):
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
 
     def backend(self) -> str:
-        return self.result_backend or self.broker_url
+        if self.result_backend:
+            return self.result_backend
+        if self.broker_url.startswith("filesystem://"):
+            return f"file://{self.broker_folder or '.'}/results"
+        return self.broker_url
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,199 @@
+"""A local stand-in for the agent-sandbox controller, so Sandboxes act like pods.
+
+For development and tests only (a cluster runs the real controller). It watches
+Sandboxes (``agents.x-k8s.io`` v1alpha1 and v1beta1) and PVCs through the Kubernetes
+API and keeps one real process per running Sandbox:
+
+- a Sandbox that should run (``replicas: 1`` / ``operatingMode: Running``) gets its pod
+  template's first container started as a local process; ``drainctl`` resolves to this
+  interpreter's ``orchestrator.cli``, and every volume mount path in the arguments is
+  replaced by a local directory: a PVC's directory under ``<state>/volumes`` (it outlives
+  the process, like a volume) or a per-Sandbox directory for an ``emptyDir``;
+- a Sandbox suspended or deleted gets SIGTERM (the container's graceful stop), then
+  SIGKILL after its ``terminationGracePeriodSeconds``;
+- a PVC directory is removed only when the PVC object is gone.
+
+It polls (every ``interval``) instead of watching: a level-triggered loop that converges
+whatever it missed, which is all a stand-in needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+SANDBOX_VERSIONS = ("v1alpha1", "v1beta1")
+
+
+@dataclass
+class Pod:
+    key: str
+    process: asyncio.subprocess.Process
+    grace_secs: float
+    claims: set[tuple[str, str]]
+    stopping: bool = False
+
+
+def should_run(version: str, sandbox: dict[str, Any]) -> bool:
+    if sandbox.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    spec = sandbox.get("spec") or {}
+    if version == "v1beta1":
+        return bool(spec.get("operatingMode", "Running") != "Suspended")
+    return int(spec.get("replicas", 1) or 0) > 0
+
+
+class SandboxController:
+    def __init__(self, state_dir: Path, interval: float = 0.3, env: dict[str, str] | None = None):
+        self.state_dir = state_dir
+        self.interval = interval
+        self.env = env or {}
+        self.pods: dict[str, Pod] = {}
+        self.stopping = asyncio.Event()
+
+    def volume_dir(self, namespace: str, claim: str) -> Path:
+        return self.state_dir / "volumes" / namespace / claim
+
+    def empty_dir(self, namespace: str, sandbox: str, volume: str) -> Path:
+        return self.state_dir / "run" / namespace / sandbox / volume
+
+    async def run(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    await self.converge()
+                except (ApiException, OSError) as exc:
+                    log.warning("sandbox_controller_poll_failed error=%s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), self.interval)
+        finally:
+            await asyncio.gather(*(self.stop_pod(key) for key in list(self.pods)))
+
+    async def converge(self) -> None:
+        wanted: dict[str, tuple[str, dict[str, Any]]] = {}
+        for version in SANDBOX_VERSIONS:
+            for sandbox in await asyncio.to_thread(self._list_sandboxes, version):
+                meta = sandbox["metadata"]
+                key = f"{meta['namespace']}/{meta['name']}"
+                if should_run(version, sandbox):
+                    wanted[key] = (version, sandbox)
+        for key in list(self.pods):
+            pod = self.pods[key]
+            if key not in wanted and not pod.stopping:
+                asyncio.get_running_loop().create_task(self.stop_pod(key))
+            elif pod.process.returncode is not None and not pod.stopping:
+                log.warning("sandbox_pod_exited sandbox=%s exit=%s", key, pod.process.returncode)
+                del self.pods[key]  # restarted below, like a pod's restartPolicy: Always
+        for key, (_, sandbox) in wanted.items():
+            if key not in self.pods:
+                await self.start_pod(key, sandbox)
+        await self.collect_volumes()
+
+    @staticmethod
+    def _list_sandboxes(version: str) -> list[dict[str, Any]]:
+        try:
+            listed = client.CustomObjectsApi().list_cluster_custom_object(
+                "agents.x-k8s.io", version, "sandboxes"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
+
+    async def start_pod(self, key: str, sandbox: dict[str, Any]) -> None:
+        namespace, name = key.split("/", 1)
+        pod_spec = (sandbox.get("spec", {}).get("podTemplate") or {}).get("spec") or {}
+        containers = pod_spec.get("containers") or []
+        if not containers:
+            log.warning("sandbox_without_container sandbox=%s", key)
+            return
+        container = containers[0]
+        mounts: dict[str, Path] = {}
+        claims: set[tuple[str, str]] = set()
+        volumes = {v["name"]: v for v in pod_spec.get("volumes", []) if "name" in v}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes.get(mount.get("name"), {})
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim:
+                claims.add((namespace, claim))
+                local = self.volume_dir(namespace, claim)
+            else:
+                local = self.empty_dir(namespace, name, mount["name"])
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = local
+        argv = [*container.get("command", []), *container.get("args", [])]
+        argv = [self._localize(arg, mounts) for arg in argv]
+        if argv and argv[0] == "drainctl":
+            argv = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
+        env = {**os.environ, **self.env}
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+        log_dir = self.state_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
+        self.pods[key] = Pod(key, process, grace, claims)
+        log.info("sandbox_pod_started sandbox=%s pid=%d", key, process.pid)
+
+    @staticmethod
+    def _localize(arg: str, mounts: dict[str, Path]) -> str:
+        for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if arg == mount_path or arg.startswith(mount_path.rstrip("/") + "/"):
+                return str(local) + arg[len(mount_path.rstrip("/")) :]
+        return arg
+
+    async def stop_pod(self, key: str) -> None:
+        pod = self.pods.get(key)
+        if pod is None or pod.stopping:
+            return
+        pod.stopping = True
+        if pod.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                pod.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(pod.process.wait(), pod.grace_secs)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    pod.process.kill()
+                await pod.process.wait()
+        log.info("sandbox_pod_stopped sandbox=%s exit=%s", key, pod.process.returncode)
+        self.pods.pop(key, None)
+
+    async def collect_volumes(self) -> None:
+        root = self.state_dir / "volumes"
+        if not root.is_dir():
+            return
+        claims = await asyncio.to_thread(self._list_claims)
+        for pod in self.pods.values():  # a volume in use stays, like a PVC protected by a pod
+            claims |= pod.claims
+        for namespace_dir in root.iterdir():
+            for claim_dir in namespace_dir.iterdir():
+                if (namespace_dir.name, claim_dir.name) not in claims:
+                    log.info("volume_released pvc=%s/%s", namespace_dir.name, claim_dir.name)
+                    shutil.rmtree(claim_dir, ignore_errors=True)
+
+    @staticmethod
+    def _list_claims() -> set[tuple[str, str]]:
+        listed = client.CoreV1Api().list_persistent_volume_claim_for_all_namespaces()
+        return {(p.metadata.namespace, p.metadata.name) for p in listed.items}
