@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from worker_agent import proto
-from worker_agent.consumer_process import ConsumerProcess
+from worker_agent.consumer_process import consumer_process
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
 from worker_agent.supervisor import Supervisor
@@ -210,7 +210,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         loop.add_signal_handler(sig, supervisor.stopping.set)
     consumer = None
     if settings.queue is not None:
-        consumer = ConsumerProcess(settings, str(supervisor.socket_path))
+        consumer = consumer_process(settings, str(supervisor.socket_path))
         consumer.start()
     await supervisor.spawn_initial()
     log.info("daemon_ready pid=%d store=%s", os.getpid(), supervisor.store.root)
