@@ -466,6 +466,41 @@ def wake_cmd(task: str) -> None:
     click.echo(f"calibantask {task} waking")
 
 
+# ------------------------------------------------------------------------------- dev
+
+
+@main.group()
+def dev() -> None:
+    """Development: the embedded Kubernetes API and the whole stack on one machine."""
+
+
+@dev.command("up")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=Path("kubeconfig.yaml"),
+    show_default=True,
+    help="Where to write the kubeconfig for kubectl.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".dev-stack"),
+    show_default=True,
+    help="Ledger, broker, volumes and logs.",
+)
+@click.option("--port", default=0, show_default=True, type=int, help="API port (0: any).")
+@click.option("--log-level", default="INFO", show_default=True)
+def dev_up(kubeconfig: Path, state_dir: Path, port: int, log_level: str) -> None:
+    """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker."""
+    configure_logging(log_level)
+    from orchestrator.devcluster.up import run_dev_up
+
+    asyncio.run(
+        run_dev_up(kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port)
+    )
+
+
 # ------------------------------------------------------------------------------ demo
 
 

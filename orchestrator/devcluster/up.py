@@ -1,0 +1,91 @@
+"""``drainctl dev up``: the whole system on one machine, in one foreground command.
+
+It brings up, in order: the ledger (SQLite in the state dir unless ``DRAIN_DATABASE_URL``
+says otherwise, migrated to head), the broker (``DRAIN_BROKER_URL``, or the embedded
+filesystem broker in the state dir), the embedded Kubernetes API with the CRDs of
+``deploy/crds`` and a kubeconfig for it, the orchestrator worker and the operator (child
+processes, restarted if they die), and the stand-in Sandbox controller (in process).
+Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
+everything, daemons drained on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from kubernetes import config as kube_config
+from orchestrator.devcluster.apiserver import EmbeddedApiServer, write_kubeconfig
+
+from orchestrator.devcluster.sandbox_controller import SandboxController
+from orchestrator.ledger.migrate import upgrade
+from worker_agent.children import KeptProcess
+
+log = logging.getLogger(__name__)
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+
+
+def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
+    """The environment every process of the dev stack shares."""
+    env = dict(os.environ)
+    env.setdefault("DRAIN_DATABASE_URL", f"sqlite:///{state_dir / 'ledger.db'}")
+    if "DRAIN_BROKER_URL" not in env:
+        env["DRAIN_BROKER_URL"] = "filesystem://"
+        env["DRAIN_BROKER_FOLDER"] = str(state_dir / "broker")
+    env["KUBECONFIG"] = str(kubeconfig)
+    env.setdefault("DRAIN_RECONCILE_INTERVAL_SECS", "1")
+    env.setdefault("DRAIN_HEARTBEAT_INTERVAL_SECS", "5")
+    env.setdefault("DRAIN_HEARTBEAT_POLL_SECS", "0.5")
+    env.setdefault("DRAIN_UNACKED_RESTORE_INTERVAL_SECS", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+async def run_dev_up(*, kubeconfig: Path, state_dir: Path, port: int) -> None:
+    """Run the stack until SIGTERM/SIGINT; both paths must be absolute."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    logs = state_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    env = stack_environment(state_dir, kubeconfig)
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
+    await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
+    crds = sorted(CRD_DIR.glob("*.yaml"))
+    async with EmbeddedApiServer(port=port, crds=crds) as api:
+        write_kubeconfig(kubeconfig, api.url)
+        kube_config.load_kube_config(config_file=str(kubeconfig))
+        cli = [sys.executable, "-m", "orchestrator.cli"]
+        worker = KeptProcess("orchestrator worker", [*cli, "worker"], env, logs / "worker.log")
+        operator = KeptProcess(
+            "operator", [*cli, "operator", "--manage-sandbox"], env, logs / "operator.log"
+        )
+        controller = SandboxController(state_dir / "sandboxes", env=env)
+        worker.start()
+        operator.start()
+        controller_task = asyncio.get_running_loop().create_task(controller.run())
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(
+            f"caliban-drain dev stack up\n"
+            f"  kubectl --kubeconfig {kubeconfig} get ctask -A\n"
+            f"  Kubernetes API {api.url}; ledger {env['DRAIN_DATABASE_URL']}; "
+            f"broker {env['DRAIN_BROKER_URL']}\n"
+            f"  logs in {logs}; volumes in {state_dir / 'sandboxes' / 'volumes'}",
+            flush=True,
+        )
+        await stop.wait()
+        log.info("dev_stack_stopping")
+        operator.request_stop()
+        await operator.wait_stopped(within=30)
+        controller.stopping.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await controller_task
+        worker.request_stop()
+        await worker.wait_stopped(within=30)
