@@ -76,8 +76,8 @@ class SandboxController:
             while not self.stopping.is_set():
                 try:
                     await self.converge()
-                except (ApiException, OSError) as exc:
-                    log.warning("sandbox_controller_poll_failed error=%s", exc)
+                except Exception:  # one bad poll must not stop the pods' lifecycle
+                    log.exception("sandbox_controller_poll_failed")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), self.interval)
         finally:

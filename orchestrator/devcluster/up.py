@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 from kubernetes import config as kube_config
-from orchestrator.devcluster.apiserver import EmbeddedApiServer, write_kubeconfig
 
+from orchestrator.devcluster.apiserver import EmbeddedApiServer
+from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
 from worker_agent.children import KeptProcess
@@ -50,6 +51,7 @@ def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
 async def run_dev_up(*, kubeconfig: Path, state_dir: Path, port: int) -> None:
     """Run the stack until SIGTERM/SIGINT; both paths must be absolute."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     env = stack_environment(state_dir, kubeconfig)
@@ -80,12 +82,14 @@ async def run_dev_up(*, kubeconfig: Path, state_dir: Path, port: int) -> None:
             f"  logs in {logs}; volumes in {state_dir / 'sandboxes' / 'volumes'}",
             flush=True,
         )
-        await stop.wait()
-        log.info("dev_stack_stopping")
-        operator.request_stop()
-        await operator.wait_stopped(within=30)
-        controller.stopping.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await controller_task
-        worker.request_stop()
-        await worker.wait_stopped(within=30)
+        try:
+            await stop.wait()
+        finally:
+            log.info("dev_stack_stopping")
+            operator.request_stop()
+            await operator.wait_stopped(within=30)
+            controller.stopping.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await controller_task
+            worker.request_stop()
+            await worker.wait_stopped(within=30)
