@@ -432,8 +432,9 @@ def _patch_task(task: str, patch: dict[str, Any]) -> dict[str, Any]:
     api = client.CustomObjectsApi()
     try:
         result: dict[str, Any] = api.patch_namespaced_custom_object(
-            "caliban.caliban-ai.dev", "v1alpha1", namespace, "calibantasks", name, patch
-        )
+            "caliban.caliban-ai.dev", "v1alpha1", namespace, "calibantasks", name, patch,
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
     except ApiException as exc:
         raise click.ClickException(f"calibantask {task}: {exc.status} {exc.reason}") from None
     return result
@@ -499,6 +500,48 @@ def dev_up(kubeconfig: Path, state_dir: Path, port: int, log_level: str) -> None
     asyncio.run(
         run_dev_up(kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port)
     )
+
+
+@dev.command("cluster")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the kubeconfig for kubectl and kopf.",
+)
+@click.option(
+    "--crd",
+    "crd_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A CRD file to serve from the start (default: deploy/crds/*.yaml).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def dev_cluster(port: int, kubeconfig: Path, crd_files: tuple[Path, ...], log_level: str) -> None:
+    """Run the embedded Kubernetes API alone, in the foreground, until SIGTERM or Ctrl-C."""
+    from orchestrator.devcluster import DevClusterError, run_dev_cluster
+    from orchestrator.devcluster.up import CRD_DIR
+
+    configure_logging(log_level)
+    crds = list(crd_files) or sorted(CRD_DIR.glob("*.yaml"))
+    try:
+        run_dev_cluster(
+            port,
+            kubeconfig,
+            crds,
+            on_ready=lambda url: click.echo(
+                f"Kubernetes API at {url}; kubectl --kubeconfig {kubeconfig} get ns"
+            ),
+        )
+    except DevClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------ demo

@@ -15,6 +15,10 @@ from kubernetes.client.exceptions import ApiException
 from orchestrator.lifecycle import CHECKPOINT_LABEL, TASK_LABEL
 
 _loaded = False
+# The client would otherwise pick the first content type it knows, JSON patch, for any
+# body; every call here says which patch it sends.
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 def load_credentials() -> None:
@@ -70,7 +74,7 @@ async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict
     group, version = _group_version(api_version)
     await asyncio.to_thread(
         client.CustomObjectsApi().patch_namespaced_custom_object,
-        group, version, namespace, "sandboxes", name, patch,
+        group, version, namespace, "sandboxes", name, patch, _content_type=MERGE_PATCH,
     )  # fmt: skip
 
 
@@ -120,8 +124,9 @@ async def ensure_pvc(
     if not any(o.uid == owner["uid"] for o in owners):
         patch = {"metadata": {"ownerReferences": [owner], "labels": {TASK_LABEL: task_name}}}
         await asyncio.to_thread(
-            client.CoreV1Api().patch_namespaced_persistent_volume_claim, name, namespace, patch
-        )
+            client.CoreV1Api().patch_namespaced_persistent_volume_claim,
+            name, namespace, patch, _content_type=MERGE_PATCH,
+        )  # fmt: skip
 
 
 async def retain_pvc(namespace: str, name: str, owner_uid: str, checkpoint_ref: str) -> bool:
@@ -142,6 +147,7 @@ async def retain_pvc(namespace: str, name: str, owner_uid: str, checkpoint_ref: 
         {"op": "add", "path": "/metadata/labels", "value": labels},
     ]
     await asyncio.to_thread(
-        client.CoreV1Api().patch_namespaced_persistent_volume_claim, name, namespace, patch
-    )
+        client.CoreV1Api().patch_namespaced_persistent_volume_claim,
+        name, namespace, patch, _content_type=JSON_PATCH,
+    )  # fmt: skip
     return True

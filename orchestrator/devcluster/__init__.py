@@ -1,0 +1,30 @@
+"""Kubernetes for development and tests, on one machine, with nothing installed.
+
+- ``apiserver``: :class:`EmbeddedApiServer` and ``drainctl dev cluster``
+  (:func:`run_dev_cluster`): an in-process Kubernetes API that kubectl and kopf accept.
+- ``emulator``: kmock's Kubernetes emulator extended with what they rely on (parsing,
+  Tables, watches); ``store``: the API server's rules (metadata, finalizers, garbage
+  collection, status subresource, watch log); ``resources``: what is served;
+  ``discovery``, ``schema``, ``patching``, ``selectors``, ``tables``, ``protobuf``: the
+  pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
+- ``sandbox_controller``: a local stand-in for the agent-sandbox controller; ``up``:
+  ``drainctl dev up``, the whole stack around this API.
+"""
+
+from orchestrator.devcluster.apiserver import (
+    DevClusterError,
+    EmbeddedApiServer,
+    load_crds,
+    run_dev_cluster,
+    serve_dev_cluster,
+)
+from orchestrator.devcluster.kubeconfig import write_kubeconfig
+
+__all__ = [
+    "DevClusterError",
+    "EmbeddedApiServer",
+    "load_crds",
+    "run_dev_cluster",
+    "serve_dev_cluster",
+    "write_kubeconfig",
+]

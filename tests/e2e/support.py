@@ -1,0 +1,139 @@
+"""End-to-end harness: ``drainctl dev up`` as a real subprocess (embedded Kubernetes API,
+kopf operator, orchestrator worker, stand-in Sandbox controller), real Redis and
+PostgreSQL, and the real ``kubectl`` binary as the user's client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.ledger import Ledger
+from tests.support import wait_until
+
+SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+
+
+class DevStack:
+    def __init__(self, root: Path, broker: str, database: str) -> None:
+        if shutil.which("kubectl") is None:
+            pytest.skip("kubectl is not installed")
+        self.root = root
+        self.kubeconfig = root / "kubeconfig.yaml"
+        self.state = root / "state"
+        self.env = {
+            **os.environ,
+            "DRAIN_BROKER_URL": broker,
+            "DRAIN_RESULT_BACKEND": broker,
+            "DRAIN_DATABASE_URL": database,
+            "DRAIN_RECONCILE_INTERVAL_SECS": "0.5",
+            "DRAIN_HEARTBEAT_INTERVAL_SECS": "2",
+            "DRAIN_HEARTBEAT_POLL_SECS": "0.2",
+            "DRAIN_VISIBILITY_TIMEOUT_SECS": "10",
+            "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",
+            "DRAIN_SWEEP_INTERVAL_SECS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.ledger = Ledger.from_url(database)
+        self.log = root / "dev-up.log"
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.cli", "dev", "up", "--kubeconfig",
+                 str(self.kubeconfig), "--state-dir", str(self.state), "--log-level", "INFO"],
+                stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            )  # fmt: skip
+        wait_until(self._ready, 90, "the dev stack (kubectl get crd calibantasks)")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"dev up exited: {self.log.read_text()[-3000:]}")
+        if not self.kubeconfig.exists():
+            return False
+        probe = self.kubectl("get", "crd", "calibantasks.caliban.caliban-ai.dev", check=False)
+        return probe.returncode == 0
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True, text=True, timeout=timeout, input=stdin, check=False,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def apply(self, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
+
+    def task(self, namespace: str, name: str) -> dict[str, Any] | None:
+        got = self.kubectl("get", "ctask", name, "-n", namespace, "-o", "json", check=False)
+        if got.returncode != 0:
+            return None
+        loaded: dict[str, Any] = json.loads(got.stdout)
+        return loaded
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        task = self.task(namespace, name)
+        return dict((task or {}).get("status") or {})
+
+    def wait_phase(self, namespace: str, name: str, phase: str, timeout: float = 90) -> None:
+        wait_until(
+            lambda: self.status(namespace, name).get("phase") == phase,
+            timeout,
+            f"{namespace}/{name} to reach phase {phase} (now {self.status(namespace, name)})",
+        )
+
+    def volume(self, namespace: str, pvc: str) -> Path:
+        return self.state / "sandboxes" / "volumes" / namespace / pvc
+
+    def agent_dirs(self, namespace: str, pvc: str) -> list[Path]:
+        agents = self.volume(namespace, pvc) / "agents"
+        return sorted(p for p in agents.iterdir() if p.is_dir()) if agents.is_dir() else []
+
+    def operator_pid(self) -> int | None:
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                if "operator" in child.cmdline() and "orchestrator.cli" in child.cmdline():
+                    return int(child.pid)
+        return None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.ledger.dispose()
+
+
+def task_manifest(
+    name: str,
+    *,
+    namespace: str = "default",
+    agents: int = 2,
+    model: str = "turns=100000,turn_ms=100",
+    **lifecycle: Any,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"task": {"agents": agents, "provider": "scripted", "model": model}}
+    if lifecycle:
+        spec["lifecycle"] = lifecycle
+    return {
+        "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+        "kind": "CalibanTask",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }

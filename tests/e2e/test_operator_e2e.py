@@ -1,0 +1,238 @@
+"""The operator end to end: ``kubectl`` drives CalibanTasks on the embedded API; the kopf
+operator, Celery pipeline, ledger (PostgreSQL), daemons and agents are real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.support import DevStack, task_manifest
+from tests.pipeline_support import fresh_postgres, redis_db_url
+from tests.support import wait_until
+from worker_agent.session import count_completed_turns, load_session
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    root = Path(tempfile.mkdtemp(prefix="cd-e2e-", dir="/tmp"))
+    dev = DevStack(root, redis_db_url(db=11), fresh_postgres())
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def turns_on_disk(stack: DevStack, namespace: str, pvc: str) -> dict[str, int]:
+    return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
+            if (d / "session.json").exists()}  # fmt: skip
+
+
+def wait_turns(stack: DevStack, namespace: str, pvc: str, count: int, at_least: int) -> None:
+    def enough() -> bool:
+        turns = turns_on_disk(stack, namespace, pvc)
+        return len(turns) == count and all(t >= at_least for t in turns.values())
+
+    wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
+
+
+def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -> None:
+    assert stack.apply(task_manifest("story", agents=2)).returncode == 0
+    stack.wait_phase("default", "story", "Running")
+    wait_turns(stack, "default", "story-workspace", 2, 2)
+    listing = stack.kubectl("get", "ctask").stdout
+    assert "story" in listing
+    assert "Running" in listing
+
+    uid = stack.task("default", "story")["metadata"]["uid"]  # type: ignore[index]
+    stack.kubectl("delete", "ctask", "story", timeout=120)
+    assert stack.task("default", "story") is None
+    checkpoint = stack.ledger.latest_checkpoint("default", "story")
+    assert checkpoint is not None
+    assert checkpoint.task_uid == uid
+    assert checkpoint.reason == "delete"
+    assert checkpoint.verified
+    on_disk = turns_on_disk(stack, "default", "story-workspace")
+    assert {a.agent_id: a.turns for a in checkpoint.agents} == on_disk
+    for agent in checkpoint.agents:
+        directory = stack.volume("default", "story-workspace") / agent.session_dir
+        assert count_completed_turns(directory) == agent.turns
+    pvc = stack.kubectl("get", "pvc", "story-workspace", "-o", "json").stdout
+    assert checkpoint.ref in pvc  # labelled with the checkpoint it holds
+    assert '"ownerReferences": []' in pvc or "ownerReferences" not in pvc
+
+    restored = task_manifest("story-again", agents=2)
+    restored["spec"]["resumeFrom"] = {"checkpointRef": checkpoint.ref}
+    assert stack.apply(restored).returncode == 0
+    stack.wait_phase("default", "story-again", "Running")
+    saved = {a.agent_id: a.turns for a in checkpoint.agents}
+    wait_until(
+        lambda: all(
+            turns_on_disk(stack, "default", "story-workspace").get(i, 0) > t
+            for i, t in saved.items()
+        ),
+        90,
+        "restored agents to do new turns",
+    )
+    for agent in checkpoint.agents:
+        directory = stack.volume("default", "story-workspace") / agent.session_dir
+        user_turns = [m["turn"] for m in load_session(directory).messages if m["role"] == "user"]
+        assert user_turns[: agent.turns + 1] == list(range(1, agent.turns + 2))
+    stack.kubectl("delete", "ctask", "story-again", timeout=120)
+
+
+def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) -> None:
+    manifest = task_manifest("napper", agents=2, model="turns=2,turn_ms=20", idleTimeout="2s")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "napper", "Suspended", timeout=120)
+    status = stack.status("default", "napper")
+    assert status["pausedBy"] == "idle"
+    ref = status["checkpointRef"]
+    sandbox = stack.kubectl("get", "sandboxes.agents.x-k8s.io", "napper", "-o",
+                            "jsonpath={.spec.replicas}").stdout  # fmt: skip
+    assert sandbox == "0"
+    checkpoint = stack.ledger.get_checkpoint(ref)
+    assert checkpoint is not None
+    assert all(a.turns == 2 for a in checkpoint.agents)
+
+    stack.kubectl("annotate", "ctask", "napper", "caliban.caliban-ai.dev/wake=now", "--overwrite")
+    stack.wait_phase("default", "napper", "Running", timeout=120)
+    for directory in stack.agent_dirs("default", "napper-workspace"):
+        transcript = directory / "stdout.ndjson"
+        wait_until(lambda: '"from_turn": 3' in transcript.read_text(), 30, "the resumed worker")
+        assert transcript.read_text().count('"type": "turn_complete"') == 2
+    stack.kubectl("delete", "ctask", "napper", timeout=120)
+
+
+def test_kubectl_patch_suspend_pauses_and_resumes(stack: DevStack) -> None:
+    assert stack.apply(task_manifest("manual", agents=1)).returncode == 0
+    stack.wait_phase("default", "manual", "Running")
+    wait_turns(stack, "default", "manual-workspace", 1, 1)
+    stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
+                  '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
+    stack.wait_phase("default", "manual", "Suspended")
+    frozen = turns_on_disk(stack, "default", "manual-workspace")
+    assert stack.status("default", "manual")["pausedBy"] == "manual"
+    stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
+                  '{"spec": {"lifecycle": {"suspend": false}}}')  # fmt: skip
+    stack.wait_phase("default", "manual", "Running")
+    wait_until(
+        lambda: all(
+            turns_on_disk(stack, "default", "manual-workspace")[i] > t for i, t in frozen.items()
+        ),
+        60,
+        "the agent to continue after the pause",
+    )
+    stack.kubectl("delete", "ctask", "manual", timeout=120)
+
+
+def test_on_delete_delete_releases_without_a_checkpoint(stack: DevStack) -> None:
+    assert stack.apply(task_manifest("throwaway", agents=1, onDelete="delete")).returncode == 0
+    stack.wait_phase("default", "throwaway", "Running")
+    stack.kubectl("delete", "ctask", "throwaway", timeout=60)
+    assert stack.task("default", "throwaway") is None
+    assert stack.ledger.latest_checkpoint("default", "throwaway") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "lifecycle", "task", "field"),
+    [
+        ("bad-idle", {"idleTimeout": "banana"}, {}, "idleTimeout"),
+        ("bad-ondelete", {"onDelete": "maybe"}, {}, "onDelete"),
+        ("bad-agents", {}, {"agents": -1}, "agents"),
+    ],
+)
+def test_malformed_specs_are_refused_naming_the_field(
+    stack: DevStack, name: str, lifecycle: dict[str, str], task: dict[str, int], field: str
+) -> None:
+    """Tried: idleTimeout banana, onDelete maybe, agents -1."""
+    manifest = task_manifest(name, agents=1)
+    manifest["spec"]["lifecycle"] = lifecycle
+    manifest["spec"]["task"].update(task)
+    applied = stack.apply(manifest)
+    if applied.returncode != 0:  # the CRD schema said it
+        assert field in applied.stderr
+        return
+    stack.wait_phase("default", name, "Failed")
+    assert field in stack.status("default", name)["message"]
+    stack.kubectl("delete", "ctask", name, timeout=60)
+
+
+def test_unknown_resume_from_ref_fails_naming_the_field(stack: DevStack) -> None:
+    manifest = task_manifest("orphan", agents=1)
+    manifest["spec"]["resumeFrom"] = {"checkpointRef": "ckpt-0000000000000000beef"}
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "orphan", "Failed")
+    message = stack.status("default", "orphan")["message"]
+    assert "spec.resumeFrom.checkpointRef" in message
+    assert "ckpt-0000000000000000beef" in message
+    events = stack.kubectl("get", "events", "--field-selector",
+                           "involvedObject.name=orphan").stdout  # fmt: skip
+    assert "UnknownCheckpoint" in events
+    stack.kubectl("delete", "ctask", "orphan", timeout=60)
+
+
+def test_unreachable_daemon_is_force_deleted_within_drain_timeout(stack: DevStack) -> None:
+    """Tried: the task's Sandbox deleted out from under it, then the task deleted."""
+    assert stack.apply(task_manifest("lost", agents=1, drainTimeout="4s")).returncode == 0
+    stack.wait_phase("default", "lost", "Running")
+    stack.kubectl("delete", "sandboxes.agents.x-k8s.io", "lost", timeout=60)
+    stack.kubectl("delete", "ctask", "lost", "--wait=false")
+    wait_until(lambda: stack.task("default", "lost") is None, 30, "the task to be gone")
+    checkpoint = stack.ledger.latest_checkpoint("default", "lost")
+    assert checkpoint is not None
+    assert checkpoint.forced
+    events = stack.kubectl("get", "events", "--field-selector",
+                           "involvedObject.name=lost").stdout  # fmt: skip
+    assert "ForcedCheckpoint" in events
+
+
+def test_operator_killed_mid_drain_completes_the_drain_once(stack: DevStack) -> None:
+    manifest = task_manifest("restart", agents=2, model="turns=100000,turn_ms=2500",
+                             drainGracePeriod="20s")  # fmt: skip
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "restart", "Running")
+    wait_turns(stack, "default", "restart-workspace", 2, 1)
+    uid = stack.task("default", "restart")["metadata"]["uid"]  # type: ignore[index]
+    stack.kubectl("delete", "ctask", "restart", "--wait=false")
+    stack.wait_phase("default", "restart", "Draining", timeout=30)
+    pid = stack.operator_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: stack.task("default", "restart") is None, 120, "the task to be gone")
+    ops = [op for op in stack.ledger.list_operations(namespace="default", name="restart")
+           if op.task_uid == uid and op.kind == "delete-drain"]  # fmt: skip
+    assert len(ops) == 1
+    checkpoints = [c for c in stack.ledger.list_checkpoints(namespace="default", name="restart")
+                   if c.task_uid == uid]  # fmt: skip
+    assert len(checkpoints) == 1
+    assert checkpoints[0].verified
+
+
+def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
+    stack.kubectl("create", "namespace", "team-b", check=False)
+    for namespace in ("default", "team-b"):
+        assert stack.apply(task_manifest("twin", namespace=namespace, agents=1)).returncode == 0
+    for namespace in ("default", "team-b"):
+        stack.wait_phase(namespace, "twin", "Running")
+    wait_turns(stack, "default", "twin-workspace", 1, 1)
+    wait_turns(stack, "team-b", "twin-workspace", 1, 1)
+    assert stack.volume("default", "twin-workspace") != stack.volume("team-b", "twin-workspace")
+    first_uid = stack.task("default", "twin")["metadata"]["uid"]  # type: ignore[index]
+    stack.kubectl("delete", "ctask", "twin", "-n", "default", timeout=120)
+    assert stack.status("team-b", "twin")["phase"] == "Running"
+    [mine] = [c for c in stack.ledger.list_checkpoints(namespace="default", name="twin")]
+    assert mine.task_uid == first_uid
+    assert stack.ledger.list_checkpoints(namespace="team-b", name="twin") == []
+    # Re-created with the deleted task's name: a new task, identity by uid.
+    assert stack.apply(task_manifest("twin", agents=1)).returncode == 0
+    stack.wait_phase("default", "twin", "Running")
+    assert stack.task("default", "twin")["metadata"]["uid"] != first_uid  # type: ignore[index]
+    for namespace in ("default", "team-b"):
+        stack.kubectl("delete", "ctask", "twin", "-n", namespace, timeout=120)
