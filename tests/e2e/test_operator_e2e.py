@@ -103,9 +103,13 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
 
     stack.kubectl("annotate", "ctask", "napper", "caliban.caliban-ai.dev/wake=now", "--overwrite")
     stack.wait_phase("default", "napper", "Running", timeout=120)
-    for directory in stack.agent_dirs("default", "napper-workspace"):
-        transcript = directory / "stdout.ndjson"
-        wait_until(lambda: '"from_turn": 3' in transcript.read_text(), 30, "the resumed worker")
+    transcripts = [d / "stdout.ndjson" for d in stack.agent_dirs("default", "napper-workspace")]
+    wait_until(
+        lambda: all('"from_turn": 3' in t.read_text() for t in transcripts),
+        30,
+        "every resumed worker to continue at turn 3",
+    )
+    for transcript in transcripts:
         assert transcript.read_text().count('"type": "turn_complete"') == 2
     stack.kubectl("delete", "ctask", "napper", timeout=120)
 
