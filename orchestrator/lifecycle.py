@@ -145,8 +145,14 @@ class DeleteAction(StrEnum):
     """Drain failed or timed out: record a forced checkpoint, warn, release."""
 
 
+NEVER_RAN = frozenset({None, Phase.PENDING, Phase.FAILED})
+"""Phases in which no daemon ever ran for the task: a Failed task failed before it
+provisioned (a bad spec, an unknown checkpoint), so there is nothing to drain."""
+
+
 def decide_delete(
     spec: TaskSpec | None,
+    phase: str | None,
     op_state: str | None,
     drain_started: datetime | None,
     now: datetime,
@@ -157,6 +163,8 @@ def decide_delete(
     keep); ``op_state`` is the ledger state of this deletion's drain, None if not begun.
     """
     if spec is None or spec.on_delete == "delete":
+        return DeleteAction.RELEASE
+    if op_state is None and phase in NEVER_RAN:
         return DeleteAction.RELEASE
     if op_state is None:
         return DeleteAction.START_DRAIN

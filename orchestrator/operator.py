@@ -400,9 +400,13 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if ref and spec.on_delete == "checkpoint":
             await _release_with_checkpoint(r, ref)
             return
-    action = decide_delete(spec, op.state if op else None, op.created_at if op else None, r.now)
+    action = decide_delete(
+        spec, r.status.get("phase"), op.state if op else None,
+        op.created_at if op else None, r.now,
+    )  # fmt: skip
     if action is DeleteAction.RELEASE:
-        kopf.info(body, reason="Released", message="onDelete: delete; not checkpointed")
+        why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ever ran"
+        kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
         return
     if action is DeleteAction.START_DRAIN:
         assert spec is not None

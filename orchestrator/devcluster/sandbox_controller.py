@@ -1,8 +1,9 @@
 """A local stand-in for the agent-sandbox controller, so Sandboxes act like pods.
 
 For development and tests only (a cluster runs the real controller). It watches
-Sandboxes (``agents.x-k8s.io`` v1alpha1 and v1beta1) and PVCs through the Kubernetes
-API and keeps one real process per running Sandbox:
+Sandboxes (``agents.x-k8s.io``, through the CRD's storage version: ``replicas`` on
+v1alpha1, ``operatingMode`` on v1beta1) and PVCs through the Kubernetes API and keeps
+one real process per running Sandbox:
 
 - a Sandbox that should run (``replicas: 1`` / ``operatingMode: Running``) gets its pod
   template's first container started as a local process; ``drainctl`` resolves to this
@@ -35,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
-SANDBOX_VERSIONS = ("v1alpha1", "v1beta1")
+SANDBOX_CRD = "sandboxes.agents.x-k8s.io"
 
 
 @dataclass
@@ -85,7 +86,10 @@ class SandboxController:
 
     async def converge(self) -> None:
         wanted: dict[str, tuple[str, dict[str, Any]]] = {}
-        for version in SANDBOX_VERSIONS:
+        # Every version serves the same stored objects (there is no conversion webhook),
+        # so each is read through the storage version only, as the real controller does.
+        version = await asyncio.to_thread(self._storage_version)
+        if version is not None:
             for sandbox in await asyncio.to_thread(self._list_sandboxes, version):
                 meta = sandbox["metadata"]
                 key = f"{meta['namespace']}/{meta['name']}"
@@ -102,6 +106,19 @@ class SandboxController:
             if key not in self.pods:
                 await self.start_pod(key, sandbox)
         await self.collect_volumes()
+
+    @staticmethod
+    def _storage_version() -> str | None:
+        try:
+            crd = client.ApiextensionsV1Api().read_custom_resource_definition(SANDBOX_CRD)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        for version in crd.spec.versions:
+            if version.storage:
+                return str(version.name)
+        return None
 
     @staticmethod
     def _list_sandboxes(version: str) -> list[dict[str, Any]]:

@@ -94,7 +94,7 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
     status = stack.status("default", "napper")
     assert status["pausedBy"] == "idle"
     ref = status["checkpointRef"]
-    sandbox = stack.kubectl("get", "sandboxes.agents.x-k8s.io", "napper", "-o",
+    sandbox = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "napper", "-o",
                             "jsonpath={.spec.replicas}").stdout  # fmt: skip
     assert sandbox == "0"
     checkpoint = stack.ledger.get_checkpoint(ref)

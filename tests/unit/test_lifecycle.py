@@ -92,16 +92,23 @@ def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None
 STATES = [None, "pending", "draining", "drained", "recorded", "forced", "failed"]
 
 
+PHASES = [None, *Phase]
+
+
 @pytest.mark.parametrize(
-    ("on_delete", "state", "elapsed"),
-    list(itertools.product(["checkpoint", "delete"], STATES, [None, 10, 119, 120, 500])),
+    ("on_delete", "phase", "state", "elapsed"),
+    list(itertools.product(["checkpoint", "delete"], PHASES, STATES, [None, 10, 119, 120, 500])),
 )
-def test_delete_decision_table(on_delete: str, state: str | None, elapsed: int | None) -> None:
+def test_delete_decision_table(
+    on_delete: str, phase: str | None, state: str | None, elapsed: int | None
+) -> None:
     task = spec(onDelete=on_delete, drainTimeout="2m")
     started = None if elapsed is None else NOW - timedelta(seconds=elapsed)
-    action = decide_delete(task, state, started, NOW)
+    action = decide_delete(task, phase, state, started, NOW)
     if on_delete == "delete":
         expected = DeleteAction.RELEASE
+    elif state is None and phase in (None, Phase.PENDING, Phase.FAILED):
+        expected = DeleteAction.RELEASE  # no daemon ever ran: nothing to drain
     elif state is None:
         expected = DeleteAction.START_DRAIN
     elif state in ("recorded", "forced"):
@@ -114,7 +121,7 @@ def test_delete_decision_table(on_delete: str, state: str | None, elapsed: int |
 
 
 def test_a_task_whose_spec_never_parsed_is_released() -> None:
-    assert decide_delete(None, None, None, NOW) is DeleteAction.RELEASE
+    assert decide_delete(None, Phase.RUNNING, None, None, NOW) is DeleteAction.RELEASE
 
 
 # ------------------------------------------------------------------------ idle pause
