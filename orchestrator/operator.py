@@ -150,7 +150,10 @@ class Reconciler:
 
     @property
     def pvc_name(self) -> str:
-        return str(self.status.get("pvcName") or f"{self.name}-workspace")
+        # The uid is part of the name: a task re-created under a deleted task's name is a
+        # new task and must not pick up the old one's retained workspace (that is what
+        # resumeFrom is for).
+        return str(self.status.get("pvcName") or f"{self.name[:200]}-ws-{self.uid[:8]}")
 
     def owner(self) -> dict[str, Any]:
         return {
@@ -290,6 +293,16 @@ class Reconciler:
         activity = await self.fresh_activity()
         if running_phase(self.status.get("phase"), activity and activity.agents_live):
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
+        elif activity is not None and activity.agents_total and not activity.agents_live:
+            # The daemon came up on a store whose agents are stopped (its pod restarted):
+            # nothing will run them unless they are resumed.
+            op = await _ledger_call(
+                pipeline.start_resume, app, self.ledger, self.settings,
+                namespace=self.namespace, name=self.name, checkpoint_ref=None,
+                task_uid=self.uid, idempotency_key=f"{self.uid}:recover:{activity.seq}",
+            )  # fmt: skip
+            self.record_operation(op)
+            self.set_phase(Phase.RESUMING, "the daemon restarted; resuming its agents")
 
     async def while_running(self, spec: TaskSpec) -> None:
         activity = await self.fresh_activity()

@@ -84,12 +84,15 @@ def start_resume(
     *,
     namespace: str,
     name: str,
-    checkpoint_ref: str,
+    checkpoint_ref: str | None,
     task_uid: str | None = None,
     kind: str = "resume",
     idempotency_key: str | None = None,
 ) -> OperationView:
-    """Enqueue resume (daemon queue; waits there for the pod) → record_resume."""
+    """Enqueue resume (daemon queue; waits there for the pod) → record_resume.
+
+    ``checkpoint_ref=None`` resumes every agent the daemon's store holds (a daemon that
+    restarted with agents no longer running, outside any pause)."""
     queue = daemon_queue(namespace, name)
     deadline = datetime.now(UTC) + timedelta(
         seconds=settings.resume_expires_secs + settings.record_deadline_secs
@@ -105,12 +108,16 @@ def start_resume(
     )
     if op.state != "pending":
         return op
-    checkpoint = ledger.get_checkpoint(checkpoint_ref)
-    if checkpoint is None:
-        return ledger.transition(
-            op.id, "failed", error=f"unknown checkpoint ref {checkpoint_ref!r}: not in the ledger"
-        )
-    agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
+    agents: list[dict[str, str]] = []
+    if checkpoint_ref is not None:
+        checkpoint = ledger.get_checkpoint(checkpoint_ref)
+        if checkpoint is None:
+            return ledger.transition(
+                op.id,
+                "failed",
+                error=f"unknown checkpoint ref {checkpoint_ref!r}: not in the ledger",
+            )
+        agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
     resume = app.signature(
         DAEMON_RESUME,
         kwargs={"op_id": op.id, "agents": agents},

@@ -29,6 +29,13 @@ def stack() -> Iterator[DevStack]:
         dev.close()
 
 
+def pvc_of(stack: DevStack, namespace: str, name: str) -> str:
+    pvc = wait_until(
+        lambda: stack.status(namespace, name).get("pvcName"), 60, f"{name}'s workspace PVC"
+    )
+    return str(pvc)
+
+
 def turns_on_disk(stack: DevStack, namespace: str, pvc: str) -> dict[str, int]:
     return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
             if (d / "session.json").exists()}  # fmt: skip
@@ -45,7 +52,8 @@ def wait_turns(stack: DevStack, namespace: str, pvc: str, count: int, at_least: 
 def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -> None:
     assert stack.apply(task_manifest("story", agents=2)).returncode == 0
     stack.wait_phase("default", "story", "Running")
-    wait_turns(stack, "default", "story-workspace", 2, 2)
+    pvc = pvc_of(stack, "default", "story")
+    wait_turns(stack, "default", pvc, 2, 2)
     listing = stack.kubectl("get", "ctask").stdout
     assert "story" in listing
     assert "Running" in listing
@@ -58,14 +66,14 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     assert checkpoint.task_uid == uid
     assert checkpoint.reason == "delete"
     assert checkpoint.verified
-    on_disk = turns_on_disk(stack, "default", "story-workspace")
+    on_disk = turns_on_disk(stack, "default", pvc)
     assert {a.agent_id: a.turns for a in checkpoint.agents} == on_disk
     for agent in checkpoint.agents:
-        directory = stack.volume("default", "story-workspace") / agent.session_dir
+        directory = stack.volume("default", pvc) / agent.session_dir
         assert count_completed_turns(directory) == agent.turns
-    pvc = stack.kubectl("get", "pvc", "story-workspace", "-o", "json").stdout
-    assert checkpoint.ref in pvc  # labelled with the checkpoint it holds
-    assert '"ownerReferences": []' in pvc or "ownerReferences" not in pvc
+    retained = stack.kubectl("get", "pvc", pvc, "-o", "json").stdout
+    assert checkpoint.ref in retained  # labelled with the checkpoint it holds
+    assert '"ownerReferences": []' in retained or "ownerReferences" not in retained
 
     restored = task_manifest("story-again", agents=2)
     restored["spec"]["resumeFrom"] = {"checkpointRef": checkpoint.ref}
@@ -73,15 +81,12 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     stack.wait_phase("default", "story-again", "Running")
     saved = {a.agent_id: a.turns for a in checkpoint.agents}
     wait_until(
-        lambda: all(
-            turns_on_disk(stack, "default", "story-workspace").get(i, 0) > t
-            for i, t in saved.items()
-        ),
+        lambda: all(turns_on_disk(stack, "default", pvc).get(i, 0) > t for i, t in saved.items()),
         90,
         "restored agents to do new turns",
     )
     for agent in checkpoint.agents:
-        directory = stack.volume("default", "story-workspace") / agent.session_dir
+        directory = stack.volume("default", pvc) / agent.session_dir
         user_turns = [m["turn"] for m in load_session(directory).messages if m["role"] == "user"]
         assert user_turns[: agent.turns + 1] == list(range(1, agent.turns + 2))
     stack.kubectl("delete", "ctask", "story-again", timeout=120)
@@ -103,7 +108,9 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
 
     stack.kubectl("annotate", "ctask", "napper", "caliban.caliban-ai.dev/wake=now", "--overwrite")
     stack.wait_phase("default", "napper", "Running", timeout=120)
-    transcripts = [d / "stdout.ndjson" for d in stack.agent_dirs("default", "napper-workspace")]
+    transcripts = [
+        d / "stdout.ndjson" for d in stack.agent_dirs("default", pvc_of(stack, "default", "napper"))
+    ]
     wait_until(
         lambda: all('"from_turn": 3' in t.read_text() for t in transcripts),
         30,
@@ -117,18 +124,19 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
 def test_kubectl_patch_suspend_pauses_and_resumes(stack: DevStack) -> None:
     assert stack.apply(task_manifest("manual", agents=1)).returncode == 0
     stack.wait_phase("default", "manual", "Running")
-    wait_turns(stack, "default", "manual-workspace", 1, 1)
+    wait_turns(stack, "default", pvc_of(stack, "default", "manual"), 1, 1)
     stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
     stack.wait_phase("default", "manual", "Suspended")
-    frozen = turns_on_disk(stack, "default", "manual-workspace")
+    frozen = turns_on_disk(stack, "default", pvc_of(stack, "default", "manual"))
     assert stack.status("default", "manual")["pausedBy"] == "manual"
     stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": false}}}')  # fmt: skip
     stack.wait_phase("default", "manual", "Running")
     wait_until(
         lambda: all(
-            turns_on_disk(stack, "default", "manual-workspace")[i] > t for i, t in frozen.items()
+            turns_on_disk(stack, "default", pvc_of(stack, "default", "manual"))[i] > t
+            for i, t in frozen.items()
         ),
         60,
         "the agent to continue after the pause",
@@ -187,6 +195,11 @@ def test_unreachable_daemon_is_force_deleted_within_drain_timeout(stack: DevStac
     assert stack.apply(task_manifest("lost", agents=1, drainTimeout="4s")).returncode == 0
     stack.wait_phase("default", "lost", "Running")
     stack.kubectl("delete", "sandboxes.agents.x-k8s.io", "lost", timeout=60)
+    wait_until(
+        lambda: "sandbox_pod_stopped sandbox=default/lost" in stack.log.read_text(),
+        60,
+        "the stand-in controller to stop the task's daemon",
+    )
     stack.kubectl("delete", "ctask", "lost", "--wait=false")
     wait_until(lambda: stack.task("default", "lost") is None, 30, "the task to be gone")
     checkpoint = stack.ledger.latest_checkpoint("default", "lost")
@@ -202,7 +215,7 @@ def test_operator_killed_mid_drain_completes_the_drain_once(stack: DevStack) -> 
                              drainGracePeriod="20s")  # fmt: skip
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", "restart", "Running")
-    wait_turns(stack, "default", "restart-workspace", 2, 1)
+    wait_turns(stack, "default", pvc_of(stack, "default", "restart"), 2, 1)
     uid = stack.task("default", "restart")["metadata"]["uid"]  # type: ignore[index]
     stack.kubectl("delete", "ctask", "restart", "--wait=false")
     stack.wait_phase("default", "restart", "Draining", timeout=30)
@@ -225,10 +238,13 @@ def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
         assert stack.apply(task_manifest("twin", namespace=namespace, agents=1)).returncode == 0
     for namespace in ("default", "team-b"):
         stack.wait_phase(namespace, "twin", "Running")
-    wait_turns(stack, "default", "twin-workspace", 1, 1)
-    wait_turns(stack, "team-b", "twin-workspace", 1, 1)
-    assert stack.volume("default", "twin-workspace") != stack.volume("team-b", "twin-workspace")
+    wait_turns(stack, "default", pvc_of(stack, "default", "twin"), 1, 1)
+    wait_turns(stack, "team-b", pvc_of(stack, "team-b", "twin"), 1, 1)
+    assert stack.volume("default", pvc_of(stack, "default", "twin")) != stack.volume(
+        "team-b", pvc_of(stack, "team-b", "twin")
+    )
     first_uid = stack.task("default", "twin")["metadata"]["uid"]  # type: ignore[index]
+    first_pvc = pvc_of(stack, "default", "twin")
     stack.kubectl("delete", "ctask", "twin", "-n", "default", timeout=120)
     assert stack.status("team-b", "twin")["phase"] == "Running"
     [mine] = [c for c in stack.ledger.list_checkpoints(namespace="default", name="twin")]
@@ -238,5 +254,6 @@ def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
     assert stack.apply(task_manifest("twin", agents=1)).returncode == 0
     stack.wait_phase("default", "twin", "Running")
     assert stack.task("default", "twin")["metadata"]["uid"] != first_uid  # type: ignore[index]
+    assert pvc_of(stack, "default", "twin") != first_pvc  # a new task, a new workspace
     for namespace in ("default", "team-b"):
         stack.kubectl("delete", "ctask", "twin", "-n", namespace, timeout=120)
