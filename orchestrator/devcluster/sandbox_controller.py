@@ -68,8 +68,9 @@ class SandboxController:
     def volume_dir(self, namespace: str, claim: str) -> Path:
         return self.state_dir / "volumes" / namespace / claim
 
-    def empty_dir(self, namespace: str, sandbox: str, volume: str) -> Path:
-        return self.state_dir / "run" / namespace / sandbox / volume
+    def empty_dir(self, sandbox_uid: str, volume: str) -> Path:
+        # Per pod, like an emptyDir: a re-created Sandbox never shares its old socket dir.
+        return self.state_dir / "run" / sandbox_uid[:13] / volume
 
     async def run(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -91,16 +92,17 @@ class SandboxController:
         version = await asyncio.to_thread(self._storage_version)
         if version is not None:
             for sandbox in await asyncio.to_thread(self._list_sandboxes, version):
-                meta = sandbox["metadata"]
-                key = f"{meta['namespace']}/{meta['name']}"
+                # Keyed by uid: a Sandbox re-created under the same name is another pod.
                 if should_run(version, sandbox):
-                    wanted[key] = (version, sandbox)
+                    wanted[str(sandbox["metadata"]["uid"])] = (version, sandbox)
         for key in list(self.pods):
             pod = self.pods[key]
             if key not in wanted and not pod.stopping:
                 asyncio.get_running_loop().create_task(self.stop_pod(key))
             elif pod.process.returncode is not None and not pod.stopping:
-                log.warning("sandbox_pod_exited sandbox=%s exit=%s", key, pod.process.returncode)
+                log.warning(
+                    "sandbox_pod_exited sandbox=%s exit=%s", pod.key, pod.process.returncode
+                )
                 del self.pods[key]  # restarted below, like a pod's restartPolicy: Always
         for key, (_, sandbox) in wanted.items():
             if key not in self.pods:
@@ -134,7 +136,8 @@ class SandboxController:
         return items
 
     async def start_pod(self, key: str, sandbox: dict[str, Any]) -> None:
-        namespace, name = key.split("/", 1)
+        namespace = sandbox["metadata"]["namespace"]
+        name = sandbox["metadata"]["name"]
         pod_spec = (sandbox.get("spec", {}).get("podTemplate") or {}).get("spec") or {}
         containers = pod_spec.get("containers") or []
         if not containers:
@@ -151,7 +154,7 @@ class SandboxController:
                 claims.add((namespace, claim))
                 local = self.volume_dir(namespace, claim)
             else:
-                local = self.empty_dir(namespace, name, mount["name"])
+                local = self.empty_dir(key, mount["name"])
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = local
         argv = [*container.get("command", []), *container.get("args", [])]
@@ -170,8 +173,8 @@ class SandboxController:
                 start_new_session=True,
             )  # fmt: skip
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
-        self.pods[key] = Pod(key, process, grace, claims)
-        log.info("sandbox_pod_started sandbox=%s pid=%d", key, process.pid)
+        self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims)
+        log.info("sandbox_pod_started sandbox=%s/%s pid=%d", namespace, name, process.pid)
 
     @staticmethod
     def _localize(arg: str, mounts: dict[str, Path]) -> str:
@@ -194,7 +197,7 @@ class SandboxController:
                 with contextlib.suppress(ProcessLookupError):
                     pod.process.kill()
                 await pod.process.wait()
-        log.info("sandbox_pod_stopped sandbox=%s exit=%s", key, pod.process.returncode)
+        log.info("sandbox_pod_stopped sandbox=%s exit=%s", pod.key, pod.process.returncode)
         self.pods.pop(key, None)
 
     async def collect_volumes(self) -> None:
