@@ -68,12 +68,13 @@ def make_app(settings: Settings) -> Celery:
     if settings.broker_url.startswith("filesystem://"):
         # The embedded broker: processes on one machine exchange messages as files.
         folder = Path(settings.broker_folder or "./.broker")
-        for sub in ("queue", "processed", "results"):
+        for sub in ("queue", "processed", "results", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport_options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         }
