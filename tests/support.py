@@ -100,6 +100,18 @@ class DaemonProcess:
         with self.client() as client:
             return {r.id: r for r in client.agents()}
 
+    def spawn_working(self, count: int, model: str, min_turns: int) -> list[str]:
+        """Spawn ``count`` scripted agents and wait until each completed ``min_turns``."""
+        with self.client() as client:
+            ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
+
+        def working() -> bool:
+            records = self.records()
+            return all(records[i].turns >= min_turns for i in ids)
+
+        wait_until(working, 120, f"{count} agents to complete {min_turns} turns")
+        return ids
+
     def wait_for_status(
         self, ids: list[str], statuses: set[AgentStatus], timeout: float = 60
     ) -> dict[str, AgentRecord]:

@@ -39,23 +39,11 @@ def assert_ref_matches_disk(store: Path, ref: ResumeRef) -> None:
     assert completed == list(range(1, session.turns + 1)), f"{ref.id}: {completed}"
 
 
-def spawn_and_work(daemon: DaemonProcess, count: int, model: str, min_turns: int) -> list[str]:
-    with daemon.client() as client:
-        ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
-
-    def working() -> bool:
-        records = daemon.records()
-        return all(records[i].turns >= min_turns for i in ids)
-
-    wait_until(working, 120, f"{count} agents to complete {min_turns} turns")
-    return ids
-
-
 @pytest.mark.slow
 def test_drain_100_agents_mid_turn_loses_nothing_and_resume_continues(
     daemon: DaemonProcess,
 ) -> None:
-    ids = spawn_and_work(daemon, 100, LONG_SCRIPT, min_turns=1)
+    ids = daemon.spawn_working(100, LONG_SCRIPT, min_turns=1)
     with daemon.client() as client:
         refs = client.drain(grace_secs=30)
     assert sorted(r.id for r in refs) == sorted(ids)
@@ -90,7 +78,7 @@ def test_drain_100_agents_mid_turn_loses_nothing_and_resume_continues(
 
 
 def test_second_drain_answers_the_same_refs(daemon: DaemonProcess) -> None:
-    spawn_and_work(daemon, 3, "turns=100000,turn_ms=20", min_turns=2)
+    daemon.spawn_working(3, "turns=100000,turn_ms=20", min_turns=2)
     with daemon.client() as client:
         first = client.drain(grace_secs=10)
         second = client.drain(grace_secs=10)
@@ -102,8 +90,8 @@ def test_agent_ignoring_sigterm_is_killed_after_grace_and_still_resumable(
     daemon: DaemonProcess,
 ) -> None:
     """Tried: a worker that ignores SIGTERM; drain must SIGKILL it after the grace."""
-    [stubborn] = spawn_and_work(daemon, 1, "turns=100000,turn_ms=30,sigterm=ignore", 2)
-    [polite] = spawn_and_work(daemon, 1, "turns=100000,turn_ms=30", 2)
+    [stubborn] = daemon.spawn_working(1, "turns=100000,turn_ms=30,sigterm=ignore", 2)
+    [polite] = daemon.spawn_working(1, "turns=100000,turn_ms=30", 2)
     with daemon.client() as client:
         refs = {r.id: r for r in client.drain(grace_secs=1.0)}
     assert refs[stubborn].clean is False
@@ -127,7 +115,7 @@ def test_corrupt_session_json_is_reported_unclean_and_refused_on_resume(
     daemon: DaemonProcess,
 ) -> None:
     """Tried: session.json truncated mid-document, then a JSON array, then a wrong version."""
-    victim, bystander = spawn_and_work(daemon, 2, "turns=100000,turn_ms=20", 2)
+    victim, bystander = daemon.spawn_working(2, "turns=100000,turn_ms=20", 2)
     with daemon.client() as client:
         refs = {r.id: r for r in client.drain(grace_secs=10)}
     path = daemon.store / refs[victim].session_dir / "session.json"
@@ -159,7 +147,7 @@ def test_corrupt_session_json_is_reported_unclean_and_refused_on_resume(
 def test_daemon_sigkill_leaves_crashed_agents_that_resume_without_loss(
     daemon: DaemonProcess,
 ) -> None:
-    ids = spawn_and_work(daemon, 5, "turns=100000,turn_ms=50", 2)
+    ids = daemon.spawn_working(5, "turns=100000,turn_ms=50", 2)
     daemon.signal(signal.SIGKILL)
     daemon.wait()
     dirs = [daemon.store / "agents" / i for i in ids]
@@ -192,7 +180,7 @@ def test_daemon_sigkill_leaves_crashed_agents_that_resume_without_loss(
 def test_sigterm_to_the_daemon_drains_its_agents_before_it_exits(
     daemon: DaemonProcess,
 ) -> None:
-    ids = spawn_and_work(daemon, 3, "turns=100000,turn_ms=50", 1)
+    ids = daemon.spawn_working(3, "turns=100000,turn_ms=50", 1)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait() == 0
     for agent_id in ids:
@@ -204,7 +192,7 @@ def test_sigterm_to_the_daemon_drains_its_agents_before_it_exits(
 
 
 def test_spawn_with_resume_session_continues_the_conversation(daemon: DaemonProcess) -> None:
-    [agent_id] = spawn_and_work(daemon, 1, "turns=3,turn_ms=10", 3)
+    [agent_id] = daemon.spawn_working(1, "turns=3,turn_ms=10", 3)
     with daemon.client() as client:
         wait_until(lambda: daemon.records()[agent_id].status is AgentStatus.IDLE, 30, "idle")
         [ref] = client.drain(grace_secs=5)
@@ -218,7 +206,7 @@ def test_spawn_with_resume_session_continues_the_conversation(daemon: DaemonProc
 
 
 def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
-    [agent_id] = spawn_and_work(daemon, 1, "turns=100000,turn_ms=20", 2)
+    [agent_id] = daemon.spawn_working(1, "turns=100000,turn_ms=20", 2)
     with daemon.client() as client:
         killed = client.call("kill", id=agent_id)
         assert killed.kind == "killed"
@@ -237,7 +225,7 @@ def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
 def test_missing_transcript_turns_are_recovered_on_resume(daemon: DaemonProcess) -> None:
     """Tried: a SIGKILL between the session.json write and its turn_complete line,
     simulated by cutting the transcript's last turn_complete."""
-    [_agent_id] = spawn_and_work(daemon, 1, "turns=4,turn_ms=10", 4)
+    [_agent_id] = daemon.spawn_working(1, "turns=4,turn_ms=10", 4)
     with daemon.client() as client:
         [ref] = client.drain(grace_secs=5)
     directory = daemon.store / ref.session_dir

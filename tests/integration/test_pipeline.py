@@ -25,17 +25,6 @@ def stack(request: pytest.FixtureRequest, tmp_short: Path) -> Iterator[Stack]:
         s.close()
 
 
-def spawn(daemon: DaemonProcess, count: int, model: str, min_turns: int) -> list[str]:
-    with daemon.client() as client:
-        ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
-    wait_until(
-        lambda: all(r.turns >= min_turns for r in daemon.records().values()),
-        60,
-        f"{count} agents to complete {min_turns} turns",
-    )
-    return ids
-
-
 def assert_checkpoint_matches_disk(checkpoint: CheckpointView, daemon: DaemonProcess) -> None:
     for agent in checkpoint.agents:
         directory = daemon.store / agent.session_dir
@@ -48,7 +37,7 @@ def assert_checkpoint_matches_disk(checkpoint: CheckpointView, daemon: DaemonPro
 def test_drain_record_resume_drain_again_accounts_for_every_turn(stack: Stack) -> None:
     stack.start_worker()
     daemon = stack.start_daemon("team-a", "task-1")
-    ids = spawn(daemon, 4, "turns=100000,turn_ms=50", 2)
+    ids = daemon.spawn_working(4, "turns=100000,turn_ms=50", 2)
 
     drained = stack.drainctl("drain", "team-a/task-1", "--grace", "10", "--wait", "--timeout", "90")
     assert drained.returncode == 0, drained.stderr
@@ -94,7 +83,7 @@ def test_drain_record_resume_drain_again_accounts_for_every_turn(stack: Stack) -
 def test_heartbeats_report_all_idle_since(stack: Stack) -> None:
     stack.start_worker()
     daemon = stack.start_daemon("team-a", "idle-task")
-    spawn(daemon, 2, "turns=2,turn_ms=10", 2)
+    daemon.spawn_working(2, "turns=2,turn_ms=10", 2)
 
     def idle_reported() -> bool:
         activity = stack.ledger.get_activity("team-a", "idle-task")
@@ -121,7 +110,7 @@ def test_resume_with_missing_and_corrupt_session_dirs_resumes_the_rest(stack: St
     """Tried: one agent's session dir deleted, another's session.json truncated."""
     stack.start_worker()
     daemon = stack.start_daemon("team-a", "task-2")
-    healthy, missing, corrupt = spawn(daemon, 3, "turns=100000,turn_ms=30", 2)
+    healthy, missing, corrupt = daemon.spawn_working(3, "turns=100000,turn_ms=30", 2)
     drained = stack.drainctl("drain", "team-a/task-2", "--wait", "--timeout", "90")
     ref = drained.stdout.strip()
     with daemon.client() as client:
@@ -183,7 +172,7 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     """Tried: the same resume message delivered twice (as after a lost ack)."""
     stack.start_worker()
     daemon = stack.start_daemon("team-a", "task-3")
-    ids = spawn(daemon, 2, "turns=100000,turn_ms=30", 1)
+    ids = daemon.spawn_working(2, "turns=100000,turn_ms=30", 1)
     ref = stack.drainctl("drain", "team-a/task-3", "--wait", "--timeout", "90").stdout.strip()
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None

@@ -40,17 +40,6 @@ def pg_stack(tmp_short: Path) -> Iterator[Stack]:
         s.close()
 
 
-def spawn(daemon: DaemonProcess, count: int, model: str, min_turns: int) -> list[str]:
-    with daemon.client() as client:
-        ids = [client.spawn(provider="scripted", model=model).id for _ in range(count)]
-    wait_until(
-        lambda: all(r.turns >= min_turns for r in daemon.records().values()),
-        60,
-        f"agents to complete {min_turns} turns",
-    )
-    return ids
-
-
 def checkpoint_rows(url: str) -> tuple[int, int]:
     engine = sa.create_engine(url)
     try:
@@ -76,7 +65,7 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: 
     daemon = pg_stack.start_daemon("team-a", "task-k")
     # Long turns: each agent finishes its in-flight turn inside the grace, so the drain
     # takes seconds and the consumer can be killed while it waits for the reply.
-    spawn(daemon, 3, "turns=100000,turn_ms=3000", 1)
+    daemon.spawn_working(3, "turns=100000,turn_ms=3000", 1)
     wait_until(lambda: consumer_pid(daemon), 30, "the consumer")
     started = pg_stack.drainctl("drain", "team-a/task-k", "--grace", "20")
     assert started.returncode == 0, started.stderr
@@ -110,7 +99,7 @@ def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
     transaction (held there by a table lock the test takes)."""
     worker = pg_stack.start_worker("worker-1")
     daemon = pg_stack.start_daemon("team-a", "task-r")
-    spawn(daemon, 3, "turns=100000,turn_ms=30", 2)
+    daemon.spawn_working(3, "turns=100000,turn_ms=30", 2)
     engine = sa.create_engine(PG_URL)
     try:
         with engine.connect() as blocker:
@@ -161,7 +150,7 @@ def _postgres_ctl(action: str) -> None:
 def test_postgres_restarted_between_drain_and_record_completes(pg_stack: Stack) -> None:
     """Tried: PostgreSQL down when record_checkpoint runs; it comes back later."""
     daemon = pg_stack.start_daemon("team-a", "task-p")
-    spawn(daemon, 2, "turns=100000,turn_ms=30", 2)
+    daemon.spawn_working(2, "turns=100000,turn_ms=30", 2)
     started = pg_stack.drainctl("drain", "team-a/task-p")
     assert started.returncode == 0, started.stderr
     [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-p")
@@ -198,7 +187,7 @@ def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: P
         try:
             stack.start_worker()
             daemon = stack.start_daemon("team-a", "task-b")
-            spawn(daemon, 2, "turns=100000,turn_ms=3000", 1)
+            daemon.spawn_working(2, "turns=100000,turn_ms=3000", 1)
             started = stack.drainctl("drain", "team-a/task-b", "--grace", "20")
             assert started.returncode == 0, started.stderr
             wait_until(
