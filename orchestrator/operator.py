@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 GROUP = "caliban.caliban-ai.dev"
 VERSION = "v1alpha1"
 PLURAL = "calibantasks"
+DELETE_FOLLOW_SECS = 10.0
+DELETE_POLL_SECS = 0.02
 
 
 def _now() -> datetime:
@@ -413,38 +416,49 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if ref and spec.on_delete == "checkpoint":
             await _release_with_checkpoint(r, ref)
             return
-    action = decide_delete(
-        spec, r.status.get("phase"), op.state if op else None,
-        op.created_at if op else None, r.now,
-    )  # fmt: skip
-    if action is DeleteAction.RELEASE:
-        why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ever ran"
-        kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
-        return
-    if action is DeleteAction.START_DRAIN:
-        assert spec is not None
-        op = await _ledger_call(
-            pipeline.start_drain, app, r.ledger, r.settings,
-            namespace=r.namespace, name=r.name, task_uid=r.uid,
-            grace_secs=spec.drain_grace_secs, kind="delete-drain", reason="delete",
-            pvc_name=r.pvc_name, idempotency_key=key,
+    # The handler follows the drain itself for a while (most drains take well under a
+    # second) and only then hands back to kopf's retry, so deletion is not paced by it.
+    follow_until = time.monotonic() + DELETE_FOLLOW_SECS
+    while True:
+        action = decide_delete(
+            spec, r.status.get("phase"), op.state if op else None,
+            op.created_at if op else None, _now(),
         )  # fmt: skip
+        if action is DeleteAction.RELEASE:
+            why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ran"
+            kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
+            return
+        if action is DeleteAction.START_DRAIN:
+            assert spec is not None
+            op = await _ledger_call(
+                pipeline.start_drain, app, r.ledger, r.settings,
+                namespace=r.namespace, name=r.name, task_uid=r.uid,
+                grace_secs=spec.drain_grace_secs, kind="delete-drain", reason="delete",
+                pvc_name=r.pvc_name, idempotency_key=key,
+            )  # fmt: skip
+            r.record_operation(op)
+            r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
+            # Written now rather than when the handler returns, so kubectl shows
+            # Draining while the handler follows the drain.
+            await kube.patch_task_status(r.namespace, r.name, dict(r.patch.status))
+            continue
+        assert op is not None
         r.record_operation(op)
-        r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
-        raise kopf.TemporaryError("draining before deletion", delay=1)
-    assert op is not None
-    r.record_operation(op)
-    if action is DeleteAction.WAIT:
-        raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=1)
-    if action is DeleteAction.RECORDED and op.checkpoint_ref:
-        await _release_with_checkpoint(r, op.checkpoint_ref)
-        return
-    await _force_delete(r, op)
+        if action is DeleteAction.RECORDED and op.checkpoint_ref:
+            await _release_with_checkpoint(r, op.checkpoint_ref)
+            return
+        if action is DeleteAction.FORCE:
+            await _force_delete(r, op)
+            return
+        if time.monotonic() > follow_until:
+            raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=0.5)
+        await asyncio.sleep(DELETE_POLL_SECS)
+        op = await _ledger_call(r.ledger.get_operation, op.id)
 
 
 async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
     r.set_status(checkpointRef=ref)
-    retained = await kube.retain_pvc(r.namespace, r.pvc_name, r.uid, ref)
+    retained = await kube.retain_pvc(r.namespace, r.pvc_name, ref)
     where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
 
