@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +259,23 @@ def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
     assert pvc_of(stack, "default", "twin") != first_pvc  # a new task, a new workspace
     for namespace in ("default", "team-b"):
         stack.kubectl("delete", "ctask", "twin", "-n", namespace, timeout=120)
+
+
+def test_drainctl_pause_and_wake(stack: DevStack) -> None:
+    assert stack.apply(task_manifest("handy", agents=1)).returncode == 0
+    stack.wait_phase("default", "handy", "Running")
+    env = {**stack.env, "KUBECONFIG": str(stack.kubeconfig)}
+
+    def drainctl(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "pausing" in drainctl("pause", "default/handy")
+    stack.wait_phase("default", "handy", "Suspended")
+    assert "waking" in drainctl("wake", "default/handy")
+    stack.wait_phase("default", "handy", "Running")
+    stack.kubectl("delete", "ctask", "handy", timeout=120)
