@@ -491,15 +491,27 @@ def dev() -> None:
     help="Ledger, broker, volumes and logs.",
 )
 @click.option("--port", default=0, show_default=True, type=int, help="API port (0: any).")
+@click.option(
+    "--sandbox-storage",
+    type=click.Choice(["v1alpha1", "v1beta1"]),
+    default="v1alpha1",
+    show_default=True,
+    help="The Sandbox version the embedded cluster stores (as a real cluster has one).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
-def dev_up(kubeconfig: Path, state_dir: Path, port: int, log_level: str) -> None:
+def dev_up(
+    kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str, log_level: str
+) -> None:
     """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker."""
     configure_logging(log_level)
     from orchestrator.devcluster.up import run_dev_up
 
     asyncio.run(
-        run_dev_up(kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port)
-    )
+        run_dev_up(
+            kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
+            sandbox_storage=sandbox_storage,
+        )
+    )  # fmt: skip
 
 
 @dev.command("cluster")

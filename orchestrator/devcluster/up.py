@@ -18,10 +18,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from kubernetes import config as kube_config
 
-from orchestrator.devcluster.apiserver import EmbeddedApiServer
+from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
@@ -48,7 +49,28 @@ def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
     return env
 
 
-async def run_dev_up(*, kubeconfig: Path, state_dir: Path, port: int) -> None:
+def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
+    """The CRDs of ``deploy/crds``, with the Sandbox stored as ``sandbox_storage``.
+
+    Without a conversion webhook each Sandbox keeps only the fields of the version it
+    is stored as (``replicas`` on v1alpha1, ``operatingMode`` on v1beta1), as on a real
+    cluster; the dev stack lets a user pick which one the cluster has.
+    """
+    crds = load_crds(sorted(CRD_DIR.glob("*.yaml")))
+    for crd in crds:
+        if crd["metadata"]["name"] != "sandboxes.agents.x-k8s.io":
+            continue
+        names = [v["name"] for v in crd["spec"]["versions"]]
+        if sandbox_storage not in names:
+            raise ValueError(f"--sandbox-storage {sandbox_storage!r}: not one of {names}")
+        for version in crd["spec"]["versions"]:
+            version["storage"] = version["name"] == sandbox_storage
+    return crds
+
+
+async def run_dev_up(
+    *, kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str = "v1alpha1"
+) -> None:
     """Run the stack until SIGTERM/SIGINT; both paths must be absolute."""
     state_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
@@ -57,8 +79,7 @@ async def run_dev_up(*, kubeconfig: Path, state_dir: Path, port: int) -> None:
     env = stack_environment(state_dir, kubeconfig)
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
-    crds = sorted(CRD_DIR.glob("*.yaml"))
-    async with EmbeddedApiServer(port=port, crds=crds) as api:
+    async with EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage)) as api:
         write_kubeconfig(kubeconfig, api.url)
         kube_config.load_kube_config(config_file=str(kubeconfig))
         cli = [sys.executable, "-m", "orchestrator.cli"]

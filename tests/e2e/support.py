@@ -24,7 +24,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 
 
 class DevStack:
-    def __init__(self, root: Path, broker: str, database: str) -> None:
+    def __init__(self, root: Path, broker: str, database: str, *extra: str) -> None:
         if shutil.which("kubectl") is None:
             pytest.skip("kubectl is not installed")
         self.root = root
@@ -48,7 +48,8 @@ class DevStack:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.cli", "dev", "up", "--kubeconfig",
-                 str(self.kubeconfig), "--state-dir", str(self.state), "--log-level", "INFO"],
+                 str(self.kubeconfig), "--state-dir", str(self.state), "--log-level", "INFO",
+                 *extra],
                 stdout=out, stderr=subprocess.STDOUT, env=self.env,
             )  # fmt: skip
         wait_until(self._ready, 90, "the dev stack (kubectl get crd calibantasks)")
