@@ -95,9 +95,9 @@ def record_resume(
     summary = "; ".join(f"{r.get('id')}: {r.get('error')}" for r in failures) or None
     if error:
         summary = f"{error}; {summary}" if summary else error
-    state = "resumed" if (results and len(failures) < len(results)) and not error else "failed"
-    if not results and not error:
-        state = "resumed"
+    # Resumed if the daemon answered and at least one agent (or the empty set) came back.
+    every_agent_failed = bool(results) and len(failures) == len(results)
+    state = "failed" if error or every_agent_failed else "resumed"
     try:
         view = ledger.transition(op_id, state, detail={"results": results}, error=summary)
     except LedgerConflict as exc:
