@@ -748,6 +748,8 @@ class Results:
     warmup: ChainRep
     fanout: Fanout
     chain_audit: Audit
+    foreign_during_chain: int
+    """The most processes not started by this run seen during a chain repetition."""
 
     @property
     def latency(self) -> float:
@@ -945,10 +947,12 @@ def report(
         f"{fan.available_gib_min:.1f} GiB; 1-min load {fan.load_at_drain:.1f} when the "
         "fan-out drain began",
         f"- Processes of other benchmarks, tests or caliban-drain runs not started by this "
-        f"run: {foreign_at_start} at the start, {len(fan.foreign_at_drain)} when the fan-out "
-        "drain began",
+        f"run: {foreign_at_start} at the start, at most {res.foreign_during_chain} during the "
+        f"chain repetitions, {len(fan.foreign_at_drain)} when the fan-out drain began",
         "",
         table(res),
+        "",
+        *interpretation(res),
         "",
         "Budgets and checks:",
         "",
@@ -963,6 +967,31 @@ def report(
         ]
     lines += ["", "Every run:", "", raw_runs(res)]
     return "\n".join(lines)
+
+
+def interpretation(res: Results) -> list[str]:
+    fan = res.fanout
+    return [
+        "Where the time goes (medians): "
+        f"`start_drain` → SIGTERMs {ms(res.median(lambda d: d.hop_in))} ms; SIGTERM → last "
+        f"agent stopped {ms(res.median(lambda d: d.agents))} ms, which is the last in-flight "
+        f"scripted turn completing ({ms(res.median(lambda d: d.turn_wait))} ms; the worker "
+        "contract finishes a turn that fits in half the grace, and floor (a)'s processes "
+        "have no turn in flight); last agent stopped → `recorded` "
+        f"{ms(res.median(lambda d: d.hop_out))} ms (the daemon reaps, verifies and syncs, the "
+        "consumer journals the refs, the result and the `record_checkpoint` hop, the ledger "
+        "transaction, up to 10 ms of polling). Part by part: the daemon's own drain is "
+        f"{ms(res.internal)} ms against floor (a)'s {ms(res.floor_agents)} ms; the rest, "
+        "Celery and the ledger, is "
+        f"{ms(res.median(lambda d: d.latency - d.daemon_internal))} ms against the no-op "
+        f"chain's {ms(res.floor_chain)} ms.",
+        "",
+        f"Fan-out: {fan.send_secs:.1f} s of the {fan.secs:.1f} s window is the "
+        f"{fan.started} `start_drain` calls made one after another (each a ledger insert, a "
+        "publish and a ledger update); the drains themselves keep up with the sending. With "
+        f"{fan.started} daemons, consumers and agents (1 turn/s each) running, the two "
+        f"cores were saturated: 1-min load {fan.load_at_drain:.1f} when the drain began.",
+    ]
 
 
 def write_results(section: str) -> None:
@@ -1024,11 +1053,15 @@ def run(args: argparse.Namespace, root: Path) -> Results:
         log(f"chain: daemon up, {CHAIN_AGENTS} agents running, consumer reporting")
         reps: list[ChainRep] = []
         warmup: ChainRep | None = None
+        foreign_during_chain = 0
         for rep in range(args.repeat + 1):
             drained = bench.drain()
             floor_agents = drain_bench.measure_floor(CHAIN_AGENTS).secs
             floor_chain = measure_noop_chain(noop, rep)
             run_ = ChainRep(drained, floor_agents, floor_chain)
+            if foreign := foreign_processes():
+                foreign_during_chain = max(foreign_during_chain, len(foreign))
+                log(f"  warning: {len(foreign)} processes not ours running, e.g. {foreign[0]}")
             label = "warm-up" if rep == 0 else f"rep {rep}/{args.repeat}"
             log(
                 f"{label:>9}: chain {ms(drained.latency):>4} ms = in {ms(drained.hop_in)} + "
@@ -1060,7 +1093,7 @@ def run(args: argparse.Namespace, root: Path) -> Results:
         )
         for problem in [*fanout.failed_ops, *fanout.audit.problems][:20]:
             log(f"  problem: {problem}")
-        return Results(reps, warmup, fanout, bench.audit)
+        return Results(reps, warmup, fanout, bench.audit, foreign_during_chain)
     raise AssertionError("unreachable")
 
 
@@ -1068,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/pipeline.py", description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="chain repetitions (median)")
     parser.add_argument("--daemons", type=int, default=200, help="fan-out daemons (N)")
-    parser.add_argument("--batch", type=int, default=10, help="fan-out daemons started at once")
+    parser.add_argument("--batch", type=int, default=20, help="fan-out daemons started at once")
     parser.add_argument("--fanout-model", default=FANOUT_MODEL, help="fan-out agents' model")
     parser.add_argument("--redis-db", type=int, default=DEFAULT_REDIS_DB, help="flushed first")
     parser.add_argument(

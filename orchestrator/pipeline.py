@@ -148,10 +148,12 @@ def _advance(
 def wait_for_operation(ledger: Ledger, op_id: str, timeout: float) -> OperationView:
     """Poll the ledger until the operation is terminal or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
+    interval = 0.01  # most operations finish in a fraction of a second
     while True:
         op = ledger.get_operation(op_id)
         if op is None:
             raise LookupError(f"operation {op_id} is not in the ledger")
         if op.state in TERMINAL or time.monotonic() > deadline:
             return op
-        time.sleep(0.2)
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.2)

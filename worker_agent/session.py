@@ -11,6 +11,7 @@ old one, and the directory is fsynced so the rename itself survives a crash.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -53,6 +54,23 @@ def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_filesystem(path: Path) -> None:
+    """Flush the filesystem holding ``path`` (``syncfs``), not every disk of the machine;
+    ``os.sync`` where ``syncfs`` is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if syncfs(fd) != 0:
+            os.sync()
     finally:
         os.close(fd)
 

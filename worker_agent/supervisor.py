@@ -29,6 +29,7 @@ from worker_agent.session import (
     atomic_write,
     decode_session,
     load_session,
+    sync_filesystem,
 )
 from worker_agent.settings import DaemonSettings
 from worker_agent.store import STDERR_FILE, Store, lock_is_held
@@ -372,7 +373,8 @@ class Supervisor:
         with contextlib.suppress(FileNotFoundError):
             self.deadline_file.unlink()
         if stopping:
-            await asyncio.to_thread(os.sync)  # the drained manifests, durable before we reply
+            # The drained manifests, durable before we reply: one syncfs of the store.
+            await asyncio.to_thread(sync_filesystem, self.store.root)
         log.info(
             "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
             len(refs),
