@@ -11,11 +11,14 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def configure_logging(level: str) -> None:
@@ -236,13 +239,29 @@ def _finish(op: Any, wait: bool, timeout: float, as_json: bool, *, field: str) -
         raise click.ClickException(f"operation {op.id} {op.state}: {why}")
 
 
+def _operation_options(wait_help: str) -> Callable[[F], F]:
+    """The options every pipeline operation command shares."""
+
+    def apply(command: F) -> F:
+        for option in reversed(
+            [
+                click.option("--uid", "task_uid", default=None,
+                             help="Task identity (default NS/NAME)."),
+                click.option("--wait", is_flag=True, help=wait_help),
+                click.option("--timeout", default=600.0, show_default=True, type=float),
+                click.option("--json", "as_json", is_flag=True),
+            ]
+        ):  # fmt: skip
+            command = option(command)
+        return command
+
+    return apply
+
+
 @main.command("drain")
 @click.argument("task")
 @click.option("--grace", "grace_secs", type=float, default=None, help="Drain grace (seconds).")
-@click.option("--uid", "task_uid", default=None, help="Task identity (default NS/NAME).")
-@click.option("--wait", is_flag=True, help="Wait until recorded; print the checkpoint ref.")
-@click.option("--timeout", default=600.0, show_default=True, type=float)
-@click.option("--json", "as_json", is_flag=True)
+@_operation_options("Wait until recorded; print the checkpoint ref.")
 def drain_cmd(
     task: str,
     grace_secs: float | None,
@@ -266,10 +285,7 @@ def drain_cmd(
 @main.command("resume")
 @click.argument("task")
 @click.option("--checkpoint", "checkpoint_ref", required=True, help="Checkpoint ref to resume.")
-@click.option("--uid", "task_uid", default=None)
-@click.option("--wait", is_flag=True, help="Wait until the daemon resumed the agents.")
-@click.option("--timeout", default=600.0, show_default=True, type=float)
-@click.option("--json", "as_json", is_flag=True)
+@_operation_options("Wait until the daemon resumed the agents.")
 def resume_cmd(
     task: str,
     checkpoint_ref: str,

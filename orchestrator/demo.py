@@ -28,7 +28,7 @@ Echo = Callable[[str], None]
 
 
 class DemoFailure(Exception):
-    pass
+    """A step of the story did not happen as it should; the message says which."""
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -46,18 +46,11 @@ def start_drain(
     """Enqueue drain (daemon queue) → record_checkpoint (orchestrator queue)."""
     queue = daemon_queue(namespace, name)
     grace = settings.default_grace_secs if grace_secs is None else grace_secs
-    deadline = datetime.now(UTC) + timedelta(
-        seconds=settings.drain_expires_secs + grace + settings.record_deadline_secs
-    )
-    op = ledger.begin_operation(
-        kind,
-        task_uid=task_uid or f"{namespace}/{name}",
-        namespace=namespace,
-        name=name,
-        idempotency_key=idempotency_key or f"{kind}:{namespace}/{name}:{time.time_ns()}",
+    op = _begin(
+        ledger, kind, namespace, name, task_uid, idempotency_key,
+        within_secs=settings.drain_expires_secs + grace + settings.record_deadline_secs,
         grace_secs=grace,
-        deadline_at=deadline,
-    )
+    )  # fmt: skip
     if op.state != "pending":
         return op  # already started by an earlier call with the same key
     drain = app.signature(
@@ -94,18 +87,11 @@ def start_resume(
     ``checkpoint_ref=None`` resumes every agent the daemon's store holds (a daemon that
     restarted with agents no longer running, outside any pause)."""
     queue = daemon_queue(namespace, name)
-    deadline = datetime.now(UTC) + timedelta(
-        seconds=settings.resume_expires_secs + settings.record_deadline_secs
-    )
-    op = ledger.begin_operation(
-        kind,
-        task_uid=task_uid or f"{namespace}/{name}",
-        namespace=namespace,
-        name=name,
-        idempotency_key=idempotency_key or f"{kind}:{namespace}/{name}:{time.time_ns()}",
+    op = _begin(
+        ledger, kind, namespace, name, task_uid, idempotency_key,
+        within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
         checkpoint_ref=checkpoint_ref,
-        deadline_at=deadline,
-    )
+    )  # fmt: skip
     if op.state != "pending":
         return op
     agents: list[dict[str, str]] = []
@@ -130,6 +116,31 @@ def start_resume(
     chain(resume, record).apply_async()
     return _advance(
         ledger, op, "resuming", {"resume": f"{op.id}.resume", "record": f"{op.id}.record"}
+    )
+
+
+def _begin(
+    ledger: Ledger,
+    kind: str,
+    namespace: str,
+    name: str,
+    task_uid: str | None,
+    idempotency_key: str | None,
+    *,
+    within_secs: float,
+    grace_secs: float | None = None,
+    checkpoint_ref: str | None = None,
+) -> OperationView:
+    """The operation's ledger row, due within ``within_secs`` (the sweeper's deadline)."""
+    return ledger.begin_operation(
+        kind,
+        task_uid=task_uid or f"{namespace}/{name}",
+        namespace=namespace,
+        name=name,
+        idempotency_key=idempotency_key or f"{kind}:{namespace}/{name}:{time.time_ns()}",
+        grace_secs=grace_secs,
+        checkpoint_ref=checkpoint_ref,
+        deadline_at=datetime.now(UTC) + timedelta(seconds=within_secs),
     )
 
 

@@ -33,7 +33,7 @@ class ConfigError(Exception):
 
 
 class _LineTooLong:
-    pass
+    """Marks a request line that was over the limit and has been skipped."""
 
 
 async def read_request_line(reader: asyncio.StreamReader) -> bytes | _LineTooLong | None:
