@@ -18,7 +18,7 @@ and its scripted agents. One run measures:
    (a) ``bench/drain.py``'s floor for 10 agents — 10 bare Python processes that on
    SIGTERM write a session file atomically and durably and exit, SIGTERM → all reaped;
    (b) a no-op two-task Celery chain on the same broker with the same Celery
-   configuration (``orchestrator.celery_app.make_app``), one queue per task like the
+   configuration (``orchestrator.pipeline.app.make_app``), one queue per task like the
    daemon queue → orchestrator queue hop, served by a real worker subprocess; timed
    ``chain(first.s(), second.s()).apply_async().get()``. Floor = median(a) + median(b);
    ratio = chain latency / floor; budget ratio <= 2.
@@ -59,10 +59,10 @@ import redis
 import sqlalchemy as sa
 from celery import Celery, chain
 
-from orchestrator.celery_app import make_app
 from orchestrator.ledger import CheckpointView, Ledger, OperationView
 from orchestrator.ledger.migrate import upgrade
-from orchestrator.pipeline import TERMINAL, start_drain, start_resume, wait_for_operation
+from orchestrator.pipeline.app import make_app
+from orchestrator.pipeline.start import TERMINAL, start_drain, start_resume, wait_for_operation
 from orchestrator.settings import Settings
 from worker_agent.client import SupervisorClient
 from worker_agent.proto import AgentRecord, AgentStatus

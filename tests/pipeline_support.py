@@ -25,7 +25,11 @@ REDIS_HINT = (
     "Redis not reachable on 127.0.0.1:6379; start it with: redis-server --daemonize yes "
     '--bind 127.0.0.1 --port 6379 --save "" --appendonly no'
 )
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+PG_URL = os.environ.get("DRAIN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+"""The PostgreSQL database the tests drop and migrate (``DRAIN_TEST_PG_URL`` points them at
+another, so that two checkouts can run their suites side by side)."""
+REDIS_PORT = int(os.environ.get("DRAIN_TEST_REDIS_PORT", "6379"))
+"""The Redis server whose databases the tests flush (``DRAIN_TEST_REDIS_PORT``)."""
 PG_HINT = (
     "PostgreSQL not reachable on 127.0.0.1:5432; start it with: "
     "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
@@ -39,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def redis_db_url(db: int = 9, port: int = 6379) -> str:
+def redis_db_url(db: int = 9, port: int = REDIS_PORT) -> str:
     """A flushed Redis database of this machine's server, or skip saying how to start it."""
     client = redis.Redis(host="127.0.0.1", port=port, db=db, socket_connect_timeout=2)
     try:

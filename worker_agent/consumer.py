@@ -28,7 +28,7 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
-from orchestrator.celery_app import (
+from orchestrator.pipeline.app import (
     ACTIVITY,
     DAEMON_DRAIN,
     DAEMON_RESUME,

@@ -176,7 +176,7 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     ref = stack.drainctl("drain", "team-a/task-3", "--wait", "--timeout", "90").stdout.strip()
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None
-    from orchestrator.celery_app import DAEMON_RESUME, make_app
+    from orchestrator.pipeline.app import DAEMON_RESUME, make_app
     from orchestrator.settings import Settings
 
     app = make_app(Settings(broker_url=stack.env["DRAIN_BROKER_URL"]))

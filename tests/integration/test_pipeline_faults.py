@@ -250,7 +250,7 @@ def test_non_json_messages_and_unknown_tasks_are_rejected(tmp_short: Path) -> No
         )
         sent = stack.drainctl("drain", "team-a/x")  # keeps the worker honest afterwards
         assert sent.returncode == 0
-        from orchestrator.celery_app import make_app
+        from orchestrator.pipeline.app import make_app
         from orchestrator.settings import Settings
 
         app = make_app(Settings(broker_url=broker, result_backend=broker))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.lifecycle import (
+from orchestrator.operator.lifecycle import (
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
     DeleteAction,

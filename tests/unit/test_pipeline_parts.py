@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.celery_app import TaskNameError, daemon_queue, parse_task_ref
+from orchestrator.pipeline.app import TaskNameError, daemon_queue, parse_task_ref
 from worker_agent.consumer import summarize
 from worker_agent.proto import AgentRecord, AgentStatus, SpawnSpec
 

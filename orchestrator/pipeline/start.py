@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 from celery import Celery, chain
 
-from orchestrator.celery_app import (
+from orchestrator.ledger import Ledger, LedgerConflict, OperationView
+from orchestrator.pipeline.app import (
     DAEMON_DRAIN,
     DAEMON_RESUME,
     ORCHESTRATOR_QUEUE,
@@ -23,7 +24,6 @@ from orchestrator.celery_app import (
     RECORD_RESUME,
     daemon_queue,
 )
-from orchestrator.ledger import Ledger, LedgerConflict, OperationView
 from orchestrator.settings import Settings
 
 TERMINAL = frozenset({"recorded", "forced", "failed", "resumed"})

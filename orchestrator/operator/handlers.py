@@ -26,10 +26,9 @@ from typing import Any
 
 import kopf
 
-from orchestrator import kube, pipeline
-from orchestrator.celery_app import app, daemon_queue
 from orchestrator.ledger import Ledger, OperationView
-from orchestrator.lifecycle import (
+from orchestrator.operator import kube
+from orchestrator.operator.lifecycle import (
     FINALIZER,
     WAKE_ANNOTATION,
     DeleteAction,
@@ -46,8 +45,10 @@ from orchestrator.lifecycle import (
     should_idle_pause,
     wanted_transition,
 )
+from orchestrator.pipeline import start as pipeline
+from orchestrator.pipeline.app import app, daemon_queue
+from orchestrator.pipeline.tasks import get_ledger
 from orchestrator.settings import Settings, get_settings
-from orchestrator.tasks import get_ledger
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.lifecycle import CHECKPOINT_LABEL, TASK_LABEL
+from orchestrator.operator.lifecycle import CHECKPOINT_LABEL, TASK_LABEL
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any

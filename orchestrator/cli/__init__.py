@@ -206,15 +206,15 @@ def agents_resume(obj: _AgentsContext, session_dirs: tuple[str, ...]) -> None:
 
 
 def _pipeline() -> tuple[Any, Any, Any]:
-    from orchestrator.celery_app import app
+    from orchestrator.pipeline.app import app
+    from orchestrator.pipeline.tasks import get_ledger
     from orchestrator.settings import get_settings
-    from orchestrator.tasks import get_ledger
 
     return app, get_ledger(), get_settings()
 
 
 def _task_ref(ref: str) -> tuple[str, str]:
-    from orchestrator.celery_app import TaskNameError, parse_task_ref
+    from orchestrator.pipeline.app import TaskNameError, parse_task_ref
 
     try:
         return parse_task_ref(ref)
@@ -223,7 +223,7 @@ def _task_ref(ref: str) -> tuple[str, str]:
 
 
 def _finish(op: Any, wait: bool, timeout: float, as_json: bool, *, field: str) -> None:
-    from orchestrator.pipeline import wait_for_operation
+    from orchestrator.pipeline.start import wait_for_operation
 
     if wait:
         _, ledger, _ = _pipeline()
@@ -271,7 +271,7 @@ def drain_cmd(
     as_json: bool,
 ) -> None:
     """Drain the daemon of NS/NAME through Celery and record a checkpoint."""
-    from orchestrator.pipeline import start_drain
+    from orchestrator.pipeline.start import start_drain
 
     namespace, name = _task_ref(task)
     app, ledger, settings = _pipeline()
@@ -295,7 +295,7 @@ def resume_cmd(
     as_json: bool,
 ) -> None:
     """Resume every agent of a checkpoint on the daemon of NS/NAME."""
-    from orchestrator.pipeline import start_resume
+    from orchestrator.pipeline.start import start_resume
 
     namespace, name = _task_ref(task)
     app, ledger, settings = _pipeline()
@@ -311,7 +311,7 @@ def resume_cmd(
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker_cmd(concurrency: int, loglevel: str) -> None:
     """Run the orchestrator's Celery worker (queue ``orchestrator``)."""
-    from orchestrator.tasks import DeadlineSweeper
+    from orchestrator.pipeline.tasks import DeadlineSweeper
 
     app, ledger, settings = _pipeline()
     configure_logging(loglevel)
@@ -346,7 +346,7 @@ def flower_cmd(port: int, address: str) -> None:
     os.execv(  # noqa: S606 - replaces this process with Flower, argv fully ours
         sys.executable,
         [
-            sys.executable, "-m", "celery", "--app", "orchestrator.celery_app", "flower",
+            sys.executable, "-m", "celery", "--app", "orchestrator.pipeline.app", "flower",
             f"--port={port}", f"--address={address}",
         ],
     )  # fmt: skip
@@ -383,7 +383,7 @@ def ledger(ctx: click.Context, as_json: bool) -> None:
 @click.pass_obj
 def ledger_ls(as_json: bool, task: str | None, limit: int) -> None:
     """Checkpoints, newest first."""
-    from orchestrator.tasks import get_ledger
+    from orchestrator.pipeline.tasks import get_ledger
 
     namespace, name = _task_ref(task) if task else (None, None)
     checkpoints = get_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
@@ -403,7 +403,7 @@ def ledger_ls(as_json: bool, task: str | None, limit: int) -> None:
 @click.pass_obj
 def ledger_show(as_json: bool, ref: str) -> None:
     """One checkpoint and its agents."""
-    from orchestrator.tasks import get_ledger
+    from orchestrator.pipeline.tasks import get_ledger
 
     checkpoint = get_ledger().get_checkpoint(ref)
     if checkpoint is None:
@@ -432,7 +432,7 @@ def ledger_show(as_json: bool, ref: str) -> None:
 def operator_cmd(manage_sandbox: bool, namespaces: tuple[str, ...], log_level: str) -> None:
     """Run the CalibanTask operator (kopf; kubeconfig or in-cluster credentials)."""
     configure_logging(log_level)
-    from orchestrator.operator import run_operator
+    from orchestrator.operator.handlers import run_operator
 
     run_operator(namespaces=list(namespaces) or None, manage_sandbox=manage_sandbox)
 
@@ -441,7 +441,7 @@ def _patch_task(task: str, patch: dict[str, Any]) -> dict[str, Any]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from orchestrator.kube import load_credentials
+    from orchestrator.operator.kube import load_credentials
 
     namespace, name = _task_ref(task)
     load_credentials()
@@ -470,7 +470,7 @@ def wake_cmd(task: str) -> None:
     """Resume NS/NAME from its checkpoint (clears suspend and sets the wake annotation)."""
     from datetime import UTC, datetime
 
-    from orchestrator.lifecycle import WAKE_ANNOTATION
+    from orchestrator.operator.lifecycle import WAKE_ANNOTATION
 
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     _patch_task(

@@ -1,6 +1,6 @@
 """Pure lifecycle decisions for a CalibanTask: functional core, no I/O.
 
-The operator's handlers (``orchestrator.operator``) only fetch what they need — the
+The operator's handlers (``orchestrator.operator.handlers``) only fetch what they need — the
 object, the ledger's operation and heartbeat, the clock — call these functions, and
 apply what they return. Every decision here is a function of its arguments, so the unit
 tests cover the whole table of phases and events without a cluster.

@@ -19,8 +19,8 @@ from typing import Any
 from celery import Task
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from orchestrator.celery_app import ACTIVITY, RECORD_CHECKPOINT, RECORD_RESUME, app
 from orchestrator.ledger import Ledger, LedgerConflict
+from orchestrator.pipeline.app import ACTIVITY, RECORD_CHECKPOINT, RECORD_RESUME, app
 from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
