@@ -36,11 +36,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.ledger import Ledger
+from orchestrator.operator import crd
 from orchestrator.settings import Settings
 from worker_agent.session import count_completed_turns, load_session
 
 BUDGET = 2.0
-GROUP = "caliban.caliban-ai.dev"
 BEGIN = "<!-- bench/delete.py results: begin -->"
 END = "<!-- bench/delete.py results: end -->"
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -65,8 +65,8 @@ def status(kubeconfig: Path, name: str) -> dict[str, object]:
 def one_delete(root: Path, kubeconfig: Path, ledger: Ledger, agents: int, rep: int) -> float:
     name = f"bench-{rep}"
     manifest = {
-        "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
-        "kind": "CalibanTask",
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.KIND,
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"task": {"agents": agents, "model": "turns=100000,turn_ms=50"}},
     }
@@ -84,10 +84,10 @@ def one_delete(root: Path, kubeconfig: Path, ledger: Ledger, agents: int, rep: i
     drain_bench.wait_until(all_working, 180, f"{agents} agents with a turn each")
     api = client.CustomObjectsApi()
     started = time.perf_counter()
-    api.delete_namespaced_custom_object(GROUP, "v1alpha1", "default", "calibantasks", name)
+    api.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, "default", crd.PLURAL, name)
     while True:  # gone = the finalizer was released and the object removed
         try:
-            api.get_namespaced_custom_object(GROUP, "v1alpha1", "default", "calibantasks", name)
+            api.get_namespaced_custom_object(crd.GROUP, crd.VERSION, "default", crd.PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 break

@@ -441,6 +441,7 @@ def _patch_task(task: str, patch: dict[str, Any]) -> dict[str, Any]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    from orchestrator.operator import crd
     from orchestrator.operator.kube import load_credentials
 
     namespace, name = _task_ref(task)
@@ -448,7 +449,7 @@ def _patch_task(task: str, patch: dict[str, Any]) -> dict[str, Any]:
     api = client.CustomObjectsApi()
     try:
         result: dict[str, Any] = api.patch_namespaced_custom_object(
-            "caliban.caliban-ai.dev", "v1alpha1", namespace, "calibantasks", name, patch,
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name, patch,
             _content_type="application/merge-patch+json",
         )  # fmt: skip
     except ApiException as exc:
@@ -470,7 +471,7 @@ def wake_cmd(task: str) -> None:
     """Resume NS/NAME from its checkpoint (clears suspend and sets the wake annotation)."""
     from datetime import UTC, datetime
 
-    from orchestrator.operator.lifecycle import WAKE_ANNOTATION
+    from orchestrator.operator.crd import WAKE_ANNOTATION
 
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     _patch_task(

@@ -34,9 +34,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-log = logging.getLogger(__name__)
+from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
 
-SANDBOX_CRD = "sandboxes.agents.x-k8s.io"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,7 +126,7 @@ class SandboxController:
     def _list_sandboxes(version: str) -> list[dict[str, Any]]:
         try:
             listed = client.CustomObjectsApi().list_cluster_custom_object(
-                "agents.x-k8s.io", version, "sandboxes"
+                SANDBOX_GROUP, version, SANDBOX_PLURAL
             )
         except ApiException as exc:
             if exc.status == 404:

@@ -26,6 +26,7 @@ from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
+from orchestrator.operator.crd import SANDBOX_CRD
 from worker_agent.children import KeptProcess
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
     """
     crds = load_crds(sorted(CRD_DIR.glob("*.yaml")))
     for crd in crds:
-        if crd["metadata"]["name"] != "sandboxes.agents.x-k8s.io":
+        if crd["metadata"]["name"] != SANDBOX_CRD:
             continue
         names = [v["name"] for v in crd["spec"]["versions"]]
         if sandbox_storage not in names:

@@ -1,19 +1,22 @@
-"""The CalibanTask operator (kopf): the imperative shell around ``lifecycle``.
+"""The CalibanTask operator's kopf handlers: the imperative shell around ``lifecycle``.
 
-Handlers stay thin: they read the object, the ledger (operations, checkpoints, daemon
-heartbeats) and the clock, ask ``lifecycle`` what to do, then enqueue Celery chains
-through ``pipeline``, patch Sandboxes and PVCs through ``kube``, and patch status.
+This module owns the handlers kopf runs and the I/O of one pass: it reads the object,
+the ledger (operations, checkpoints, daemon heartbeats) and the clock, asks
+``lifecycle`` what to do, then begins operations through ``orchestrator.pipeline``,
+patches Sandboxes and PVCs through ``kube``, and writes status and Events. It decides
+nothing itself: every branch taken here is on a value a ``lifecycle`` function returned.
 
 - a timer per task reconciles level-triggered: provisioning, Running once the daemon
-  reports live agents, idle pause, ``spec.lifecycle.suspend``, the wake annotation,
-  a pause's drain → record → Sandbox suspend, and resume on re-activation;
-- the delete handler is the drain finalizer ``caliban.caliban-ai.dev/drain``: drain,
-  record, ``status.checkpointRef``, retain the PVC, release — or, past
-  ``drainTimeout``, a forced checkpoint and a Warning event. Deletion never wedges.
+  reports live agents, recovery of a daemon that restarted, idle pause,
+  ``spec.lifecycle.suspend``, the wake annotation, a pause's drain → record → Sandbox
+  suspend, and resume on re-activation;
+- the delete handler is the drain finalizer (``crd.FINALIZER``): drain, record,
+  ``status.checkpointRef``, retain the PVC, release — or, past ``drainTimeout``, a
+  forced checkpoint and a Warning event. Deletion never wedges.
 
-Every operation is begun with an idempotency key derived from the task's uid, so an
-operator restarted mid-drain finds its operation in the ledger and waits for it
-instead of starting a second one.
+Every operation is begun with the idempotency key ``lifecycle.operation_key`` derives
+from the task's uid, so an operator restarted mid-drain finds its operation in the
+ledger and waits for it instead of starting a second one.
 """
 
 from __future__ import annotations
@@ -21,28 +24,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import kopf
 
-from orchestrator.ledger import Ledger, OperationView
-from orchestrator.operator import kube
+from orchestrator.ledger import (
+    ActivityView,
+    CheckpointReason,
+    Ledger,
+    OperationKind,
+    OperationState,
+    OperationView,
+)
+from orchestrator.operator import crd, kube
 from orchestrator.operator.lifecycle import (
-    FINALIZER,
-    WAKE_ANNOTATION,
+    AgentCounts,
+    ConditionChange,
     DeleteAction,
+    LaunchStep,
     Phase,
+    Purpose,
     SpecError,
     TaskSpec,
     Wanted,
     condition,
     decide_delete,
+    launch_step,
     merge_conditions,
+    operation_key,
     parse_spec,
-    running_phase,
+    resume_outcome,
     sandbox_suspension_patch,
     should_idle_pause,
+    status_patch,
     wanted_transition,
 )
 from orchestrator.pipeline import start as pipeline
@@ -52,9 +68,9 @@ from orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-GROUP = "caliban.caliban-ai.dev"
-VERSION = "v1alpha1"
-PLURAL = "calibantasks"
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 DELETE_FOLLOW_SECS = 10.0
 DELETE_POLL_SECS = 0.02
 
@@ -87,16 +103,20 @@ def _operation_status(op: OperationView) -> dict[str, Any]:
     }
 
 
-async def _ledger_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def _ledger_call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    """A blocking ledger (or pipeline) call in a thread, so kopf's event loop never waits
+    on the database; typed through, so every call and its result are checked."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.finalizer = crd.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=crd.KOPF_ANNOTATION_PREFIX
+    )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
+        prefix=crd.KOPF_ANNOTATION_PREFIX, key=crd.KOPF_DIFFBASE_KEY
     )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
@@ -131,10 +151,9 @@ class Reconciler:
     # -- status writing
 
     def set_status(self, **fields: Any) -> None:
-        for key, value in fields.items():
-            if self.status.get(key) != value:
-                self.patch.status[key] = value
-                self.status[key] = value
+        changed = status_patch(self.status, fields)
+        self.patch.status.update(changed)
+        self.status.update(changed)
 
     def set_phase(self, phase: Phase, message: str) -> None:
         if self.status.get("phase") != phase:
@@ -146,6 +165,9 @@ class Reconciler:
         new = condition(type_, ok, reason, message, self.now, self.meta.get("generation"))
         merged = merge_conditions(list(self.status.get("conditions") or []), new)
         self.set_status(conditions=merged)
+
+    def apply_condition(self, change: ConditionChange) -> None:
+        self.set_condition(change.type, change.status, change.reason, change.message)
 
     def record_operation(self, op: OperationView) -> None:
         self.set_status(lastOperation=_operation_status(op))
@@ -161,8 +183,8 @@ class Reconciler:
 
     def owner(self) -> dict[str, Any]:
         return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "CalibanTask",
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
@@ -218,7 +240,8 @@ class Reconciler:
             op = await _ledger_call(
                 pipeline.start_resume, app, self.ledger, self.settings,
                 namespace=self.namespace, name=self.name, checkpoint_ref=restore_from.ref,
-                task_uid=self.uid, kind="restore", idempotency_key=f"{self.uid}:restore",
+                task_uid=self.uid, kind=OperationKind.RESTORE,
+                idempotency_key=operation_key(self.uid, Purpose.RESTORE),
             )  # fmt: skip
             self.record_operation(op)
             self.set_status(checkpointRef=restore_from.ref)
@@ -262,17 +285,17 @@ class Reconciler:
         suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
         return {
             "apiVersion": spec.sandbox_api_version,
-            "kind": "Sandbox",
+            "kind": crd.SANDBOX_KIND,
             "metadata": {
                 "name": self.name,
                 "namespace": self.namespace,
                 "ownerReferences": [self.owner()],
-                "labels": {"caliban.caliban-ai.dev/task": self.name},
+                "labels": {crd.TASK_LABEL: self.name},
             },
             "spec": {**suspended, "podTemplate": {"spec": pod_spec}},
         }
 
-    async def fresh_activity(self) -> Any:
+    async def fresh_activity(self) -> ActivityView | None:
         """The daemon's latest heartbeat, if it is from this task and this phase."""
         activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
         if activity is None or (activity.task_uid not in (None, self.uid)):
@@ -286,24 +309,26 @@ class Reconciler:
         op = await self.last_operation()
         if op is not None:
             self.record_operation(op)
-            if op.state == "failed":
-                self.set_condition("Resumed", False, "ResumeFailed", op.error or "failed")
-            elif op.state == "resumed" and op.error:
-                self.set_condition("Resumed", False, "PartlyResumed", op.error)
-            elif op.state == "resumed":
-                self.set_condition("Resumed", True, "Resumed", "every agent continues")
-            elif not op.terminal:
-                return  # the resume chain is still on its way
+            outcome = resume_outcome(op.state, op.error)
+            if outcome.condition is not None:
+                self.apply_condition(outcome.condition)
+            if outcome.still_resuming:
+                return
         activity = await self.fresh_activity()
-        if running_phase(self.status.get("phase"), activity and activity.agents_live):
+        reported = None
+        if activity is not None:
+            reported = AgentCounts(total=activity.agents_total, live=activity.agents_live)
+        step = launch_step(self.status.get("phase"), reported)
+        if step is LaunchStep.RUNNING:
+            assert activity is not None
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
-        elif activity is not None and activity.agents_total and not activity.agents_live:
-            # The daemon came up on a store whose agents are stopped (its pod restarted):
-            # nothing will run them unless they are resumed.
+        elif step is LaunchStep.RECOVER:
+            assert activity is not None
             op = await _ledger_call(
                 pipeline.start_resume, app, self.ledger, self.settings,
                 namespace=self.namespace, name=self.name, checkpoint_ref=None,
-                task_uid=self.uid, idempotency_key=f"{self.uid}:recover:{activity.seq}",
+                task_uid=self.uid,
+                idempotency_key=operation_key(self.uid, Purpose.RECOVER, activity.seq),
             )  # fmt: skip
             self.record_operation(op)
             self.set_phase(Phase.RESUMING, "the daemon restarted; resuming its agents")
@@ -321,7 +346,7 @@ class Reconciler:
             await self.start_pause(spec, "idle")
 
     def wake_value(self) -> str | None:
-        value = self.meta.annotations.get(WAKE_ANNOTATION)
+        value = self.meta.annotations.get(crd.WAKE_ANNOTATION)
         return None if value is None else str(value)
 
     async def start_pause(self, spec: TaskSpec, paused_by: str) -> None:
@@ -329,8 +354,9 @@ class Reconciler:
         op = await _ledger_call(
             pipeline.start_drain, app, self.ledger, self.settings,
             namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind="pause", reason="pause",
-            pvc_name=self.pvc_name, idempotency_key=f"{self.uid}:pause:{count}",
+            grace_secs=spec.drain_grace_secs, kind=OperationKind.PAUSE,
+            reason=CheckpointReason.PAUSE, pvc_name=self.pvc_name,
+            idempotency_key=operation_key(self.uid, Purpose.PAUSE, count),
         )  # fmt: skip
         self.record_operation(op)
         self.set_status(pauses=count, pausedBy=paused_by)
@@ -342,8 +368,7 @@ class Reconciler:
         op_id = last.get("id")
         if not op_id:
             return None
-        op: OperationView | None = await _ledger_call(self.ledger.get_operation, op_id)
-        return op
+        return await _ledger_call(self.ledger.get_operation, op_id)
 
     async def finish_pause(self, spec: TaskSpec) -> None:
         op = await self.last_operation()
@@ -351,7 +376,7 @@ class Reconciler:
             self.set_phase(Phase.RUNNING, "no pause operation to wait for")
             return
         self.record_operation(op)
-        if op.state == "recorded" and op.checkpoint_ref:
+        if op.state is OperationState.RECORDED and op.checkpoint_ref:
             if self.settings.manage_sandbox:
                 await kube.patch_sandbox(
                     spec.sandbox_api_version, self.namespace, self.name,
@@ -360,7 +385,7 @@ class Reconciler:
             self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
             self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {op.checkpoint_ref}")
             self.set_phase(Phase.SUSPENDED, f"suspended with checkpoint {op.checkpoint_ref}")
-        elif op.state == "failed":
+        elif op.state is OperationState.FAILED:
             message = f"pause abandoned, agents keep running: {op.error}"
             kopf.warn(self.body, reason="PauseFailed", message=message)
             self.set_condition("Checkpointed", False, "PauseFailed", message)
@@ -384,7 +409,7 @@ class Reconciler:
             op = await _ledger_call(
                 pipeline.start_resume, app, self.ledger, self.settings,
                 namespace=self.namespace, name=self.name, checkpoint_ref=ref,
-                task_uid=self.uid, idempotency_key=f"{self.uid}:resume:{ref}",
+                task_uid=self.uid, idempotency_key=operation_key(self.uid, Purpose.RESUME, ref),
             )  # fmt: skip
             self.record_operation(op)
         self.set_status(pausedBy=None, lastWake=wake)
@@ -393,7 +418,7 @@ class Reconciler:
 
 # One level-triggered timer per task (its first tick comes at once): event handlers would
 # race it, as kopf runs timers beside them.
-@kopf.timer(GROUP, VERSION, PLURAL, interval=get_settings().reconcile_interval_secs)
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=get_settings().reconcile_interval_secs)
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     await Reconciler(body, patch, get_ledger(), get_settings()).run()
 
@@ -401,41 +426,39 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 # ------------------------------------------------------------------ drain finalizer
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1.0)
+@kopf.on.delete(crd.GROUP, crd.VERSION, crd.PLURAL, backoff=1.0)
 async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     r = Reconciler(body, patch, get_ledger(), get_settings())
     try:
         spec: TaskSpec | None = parse_spec(dict(body.spec or {}))
     except SpecError:
         spec = None
-    key = f"{r.uid}:delete"
-    op: OperationView | None = await _ledger_call(r.ledger.find_operation, key)
-    # A suspended task was drained and checkpointed when it paused: that checkpoint
-    # is what deletion keeps, and its daemon is already stopped.
-    if op is None and spec is not None and r.status.get("phase") == Phase.SUSPENDED:
-        ref = r.status.get("checkpointRef")
-        if ref and spec.on_delete == "checkpoint":
-            await _release_with_checkpoint(r, ref)
-            return
+    key = operation_key(r.uid, Purpose.DELETE)
+    op = await _ledger_call(r.ledger.find_operation, key)
     # The handler follows the drain itself for a while (most drains take well under a
     # second) and only then hands back to kopf's retry, so deletion is not paced by it.
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS
     while True:
+        checkpoint_ref = r.status.get("checkpointRef")
         action = decide_delete(
-            spec, r.status.get("phase"), op.state if op else None,
-            op.created_at if op else None, _now(),
+            spec, phase=r.status.get("phase"), checkpoint_ref=checkpoint_ref,
+            op_state=op.state if op else None, drain_started=op.created_at if op else None,
+            now=_now(),
         )  # fmt: skip
         if action is DeleteAction.RELEASE:
             why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ran"
             kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
+            return
+        if action is DeleteAction.KEEP_PAUSE_CHECKPOINT:
+            await _release_with_checkpoint(r, str(checkpoint_ref))
             return
         if action is DeleteAction.START_DRAIN:
             assert spec is not None
             op = await _ledger_call(
                 pipeline.start_drain, app, r.ledger, r.settings,
                 namespace=r.namespace, name=r.name, task_uid=r.uid,
-                grace_secs=spec.drain_grace_secs, kind="delete-drain", reason="delete",
-                pvc_name=r.pvc_name, idempotency_key=key,
+                grace_secs=spec.drain_grace_secs, kind=OperationKind.DELETE_DRAIN,
+                reason=CheckpointReason.DELETE, pvc_name=r.pvc_name, idempotency_key=key,
             )  # fmt: skip
             r.record_operation(op)
             r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
@@ -467,12 +490,13 @@ async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
 async def _force_delete(r: Reconciler, op: OperationView) -> None:
     """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release."""
     forced = await _ledger_call(
-        r.ledger.begin_operation, "force-delete", task_uid=r.uid, namespace=r.namespace,
-        name=r.name, idempotency_key=f"{r.uid}:force",
+        r.ledger.begin_operation, OperationKind.FORCE_DELETE, task_uid=r.uid,
+        namespace=r.namespace, name=r.name,
+        idempotency_key=operation_key(r.uid, Purpose.FORCE),
     )  # fmt: skip
     checkpoint = await _ledger_call(
-        r.ledger.record_checkpoint, forced.id, [], reason="forced", pvc_name=r.pvc_name,
-        forced=True,
+        r.ledger.record_checkpoint, forced.id, [], reason=CheckpointReason.FORCED,
+        pvc_name=r.pvc_name, forced=True,
     )  # fmt: skip
     why = op.error or f"drain {op.id} did not finish within drainTimeout"
     kopf.warn(

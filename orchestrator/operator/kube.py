@@ -1,7 +1,8 @@
 """The few Kubernetes calls the operator makes besides kopf's own: Sandboxes, workspace
-PVCs, and CalibanTask reads. A thin shell over the official client, run in threads so
-kopf's event loop never blocks; every function here is one API call or a small idempotent
-ensure-step, and the decisions about *when* to call them live in ``lifecycle``.
+PVCs, and CalibanTask status writes. A thin shell over the official client, run in
+threads so kopf's event loop never blocks; every function here is one API call or a
+small idempotent ensure-step, the names it addresses come from ``crd``, and the
+decisions about *when* to call it live in ``lifecycle``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.operator.lifecycle import CHECKPOINT_LABEL, TASK_LABEL
+from orchestrator.operator import crd
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any
@@ -37,30 +38,13 @@ def _group_version(api_version: str) -> tuple[str, str]:
     return group, version
 
 
-async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
-    group, version = _group_version(api_version)
-
-    def call() -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
-                group, version, namespace, "sandboxes", name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return found
-
-    return await asyncio.to_thread(call)
-
-
 async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any]) -> None:
     group, version = _group_version(api_version)
 
     def call() -> None:
         try:
             client.CustomObjectsApi().create_namespaced_custom_object(
-                group, version, namespace, "sandboxes", body
+                group, version, namespace, crd.SANDBOX_PLURAL, body
             )
         except ApiException as exc:
             if exc.status != 409:  # already there: ensure is idempotent
@@ -73,7 +57,7 @@ async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict
     group, version = _group_version(api_version)
     await asyncio.to_thread(
         client.CustomObjectsApi().patch_namespaced_custom_object,
-        group, version, namespace, "sandboxes", name, patch, _content_type=MERGE_PATCH,
+        group, version, namespace, crd.SANDBOX_PLURAL, name, patch, _content_type=MERGE_PATCH,
     )  # fmt: skip
 
 
@@ -101,7 +85,7 @@ async def ensure_pvc(
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "labels": {TASK_LABEL: task_name},
+                "labels": {crd.TASK_LABEL: task_name},
                 "ownerReferences": [owner],
             },
             "spec": {
@@ -121,7 +105,7 @@ async def ensure_pvc(
         return
     owners = existing.metadata.owner_references or []
     if not any(o.uid == owner["uid"] for o in owners):
-        patch = {"metadata": {"ownerReferences": [owner], "labels": {TASK_LABEL: task_name}}}
+        patch = {"metadata": {"ownerReferences": [owner], "labels": {crd.TASK_LABEL: task_name}}}
         await asyncio.to_thread(
             client.CoreV1Api().patch_namespaced_persistent_volume_claim,
             name, namespace, patch, _content_type=MERGE_PATCH,
@@ -139,7 +123,7 @@ async def retain_pvc(namespace: str, name: str, checkpoint_ref: str) -> bool:
         patch = {
             "metadata": {
                 "ownerReferences": None,
-                "labels": {CHECKPOINT_LABEL: checkpoint_ref},
+                "labels": {crd.CHECKPOINT_LABEL: checkpoint_ref},
             }
         }
         try:
@@ -159,6 +143,6 @@ async def patch_task_status(namespace: str, name: str, status: dict[str, Any]) -
     """Write a CalibanTask's status now (kopf writes its patch only when a handler ends)."""
     await asyncio.to_thread(
         client.CustomObjectsApi().patch_namespaced_custom_object_status,
-        "caliban.caliban-ai.dev", "v1alpha1", namespace, "calibantasks", name,
+        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name,
         {"status": status}, _content_type=MERGE_PATCH,
     )  # fmt: skip

@@ -7,6 +7,14 @@ tests cover the whole table of phases and events without a cluster.
 
 Spec parsing lives here too: a malformed spec becomes a ``SpecError`` naming the field,
 which the operator turns into phase ``Failed`` with a condition, and keeps serving others.
+
+The decisions: what the drain finalizer does next (``decide_delete``), whether to
+idle-pause (``should_idle_pause``), what the user asked for through kubectl
+(``wanted_transition``), what a task waiting for its daemon does (``launch_step``: Running,
+or resume a daemon that came back with stopped agents), which condition a finished
+resume earns (``resume_outcome``), and the idempotency key of each operation
+(``operation_key``). Names on the wire come from ``crd``; ledger states and kinds are the
+ledger's enums.
 """
 
 from __future__ import annotations
@@ -17,12 +25,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-FINALIZER = "caliban.caliban-ai.dev/drain"
-WAKE_ANNOTATION = "caliban.caliban-ai.dev/wake"
-CHECKPOINT_LABEL = "caliban.caliban-ai.dev/checkpoint"
-TASK_LABEL = "caliban.caliban-ai.dev/task"
-SANDBOX_V1ALPHA1 = "agents.x-k8s.io/v1alpha1"
-SANDBOX_V1BETA1 = "agents.x-k8s.io/v1beta1"
+from orchestrator.ledger import OperationState
+from orchestrator.ledger.models import CHECKPOINTED_STATES
+from orchestrator.operator.crd import SANDBOX_API_VERSIONS, SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -112,7 +117,7 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     if ref is not None and (not isinstance(ref, str) or not _LABEL_VALUE.match(ref)):
         raise SpecError("resumeFrom.checkpointRef", f"{ref!r} is not a checkpoint ref")
     api_version = sandbox.get("apiVersion", SANDBOX_V1ALPHA1)
-    if api_version not in (SANDBOX_V1ALPHA1, SANDBOX_V1BETA1):
+    if api_version not in SANDBOX_API_VERSIONS:
         raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
     storage = workspace.get("storage", "1Gi")
     return TaskSpec(
@@ -131,12 +136,55 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     )
 
 
+# ------------------------------------------------------------------ idempotency keys
+
+
+class Purpose(StrEnum):
+    """Why the operator begins a ledger operation for a task.
+
+    With the task's uid it makes the operation's idempotency key (``operation_key``), so
+    an operator restarted mid-operation finds the operation it began instead of
+    beginning a second one. The values are stored in the ledger's keys: renaming one
+    makes a restarted operator repeat an operation already under way.
+    """
+
+    DELETE = "delete"
+    """The drain finalizer's drain: once per task."""
+    FORCE = "force"
+    """The forced checkpoint past ``drainTimeout``: once per task."""
+    RESTORE = "restore"
+    """The first start from ``spec.resumeFrom``: once per task."""
+    PAUSE = "pause"
+    """A pause's drain: one per pause, numbered by ``status.pauses``."""
+    RESUME = "resume"
+    """A resume from a pause's checkpoint: one per checkpoint ref."""
+    RECOVER = "recover"
+    """Resuming a daemon that came back with stopped agents: one per heartbeat ``seq``."""
+
+
+_REPEATING = frozenset({Purpose.PAUSE, Purpose.RESUME, Purpose.RECOVER})
+
+
+def operation_key(uid: str, purpose: Purpose, which: int | str | None = None) -> str:
+    """The idempotency key of the operation begun for ``purpose``: ``<uid>:<purpose>``, and
+    ``:<which>`` for a purpose that repeats (which pause, which checkpoint, which
+    heartbeat). The uid comes first, so a task re-created under a deleted task's name
+    never finds the old task's operations."""
+    if (which is None) == (purpose in _REPEATING):
+        needs = "needs" if purpose in _REPEATING else "takes no"
+        raise ValueError(f"an operation key for {purpose.value!r} {needs} a discriminator")
+    return f"{uid}:{purpose.value}" if which is None else f"{uid}:{purpose.value}:{which}"
+
+
 # ------------------------------------------------------------------------ decisions
 
 
 class DeleteAction(StrEnum):
     RELEASE = "release"
     """Let the finalizer go now."""
+    KEEP_PAUSE_CHECKPOINT = "keep-pause-checkpoint"
+    """A suspended task was drained and checkpointed when it paused, and its daemon is
+    stopped: keep that checkpoint (``status.checkpointRef``), retain the PVC, release."""
     START_DRAIN = "start-drain"
     WAIT = "wait"
     RECORDED = "recorded"
@@ -152,47 +200,47 @@ provisioned (a bad spec, an unknown checkpoint), so there is nothing to drain.""
 
 def decide_delete(
     spec: TaskSpec | None,
+    *,
     phase: str | None,
-    op_state: str | None,
+    checkpoint_ref: str | None,
+    op_state: OperationState | None,
     drain_started: datetime | None,
     now: datetime,
 ) -> DeleteAction:
     """What the drain finalizer does next for a task being deleted.
 
     ``spec`` is None for a task whose spec never parsed (nothing of it ran, nothing to
-    keep); ``op_state`` is the ledger state of this deletion's drain, None if not begun.
+    keep); ``checkpoint_ref`` is ``status.checkpointRef``; ``op_state`` is the ledger
+    state of this deletion's drain, None if not begun, and ``drain_started`` its start.
     """
     if spec is None or spec.on_delete == "delete":
         return DeleteAction.RELEASE
-    if op_state is None and phase in NEVER_RAN:
-        return DeleteAction.RELEASE
     if op_state is None:
+        if phase in NEVER_RAN:
+            return DeleteAction.RELEASE
+        if phase == Phase.SUSPENDED and checkpoint_ref:
+            return DeleteAction.KEEP_PAUSE_CHECKPOINT
         return DeleteAction.START_DRAIN
-    if op_state in ("recorded", "forced"):
+    if op_state in CHECKPOINTED_STATES:
         return DeleteAction.RECORDED
-    if op_state == "failed":
+    if op_state is OperationState.FAILED:
         return DeleteAction.FORCE
-    if drain_timed_out(drain_started, spec.drain_timeout_secs, now):
+    if drain_started is not None and (now - drain_started).total_seconds() >= (
+        spec.drain_timeout_secs
+    ):
         return DeleteAction.FORCE
     return DeleteAction.WAIT
-
-
-def drain_timed_out(started: datetime | None, timeout_secs: float, now: datetime) -> bool:
-    return started is not None and (now - started).total_seconds() >= timeout_secs
-
-
-def idle_for(all_idle_since: datetime | None, now: datetime) -> float | None:
-    return None if all_idle_since is None else max(0.0, (now - all_idle_since).total_seconds())
 
 
 def should_idle_pause(
     spec: TaskSpec, phase: str | None, all_idle_since: datetime | None, now: datetime
 ) -> bool:
     """Pause when every agent has been idle for ``idleTimeout`` (and there is one)."""
-    if spec.idle_timeout_secs is None or phase != Phase.RUNNING:
+    if spec.idle_timeout_secs is None or phase != Phase.RUNNING or all_idle_since is None:
         return False
-    idle = idle_for(all_idle_since, now)
-    return idle is not None and idle >= spec.idle_timeout_secs
+    # A heartbeat stamped ahead of this clock counts as idle for no time, not negative.
+    idle_secs = max(0.0, (now - all_idle_since).total_seconds())
+    return idle_secs >= spec.idle_timeout_secs
 
 
 class Wanted(StrEnum):
@@ -233,17 +281,78 @@ def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any
     return {"spec": {"replicas": 0 if suspended else 1}}
 
 
-def sandbox_is_suspended(api_version: str, sandbox_spec: dict[str, Any]) -> bool:
-    if api_version == SANDBOX_V1BETA1:
-        return sandbox_spec.get("operatingMode") == "Suspended"
-    return bool(sandbox_spec.get("replicas", 1) == 0)
+# ------------------------------------------------------ waiting for the daemon's agents
 
 
-def running_phase(phase: str | None, agents_live: int | None) -> str | None:
-    """Provisioning or Resuming becomes Running once the daemon reports live agents."""
-    if phase in (Phase.PROVISIONING, Phase.RESUMING) and agents_live:
-        return Phase.RUNNING
-    return None
+@dataclass(frozen=True)
+class AgentCounts:
+    """What the daemon's latest heartbeat (of the current phase) says about its agents."""
+
+    total: int
+    live: int
+
+
+class LaunchStep(StrEnum):
+    WAIT = "wait"
+    """No heartbeat of this phase yet, or none of its agents yet: ask again next pass."""
+    RUNNING = "running"
+    """The daemon reports live agents: phase Running."""
+    RECOVER = "recover"
+    """The daemon came up on a store whose agents are all stopped (its pod restarted):
+    nothing runs them unless they are resumed, so begin a recovery resume."""
+
+
+def launch_step(phase: str | None, reported: AgentCounts | None) -> LaunchStep:
+    """What a task that waits for its daemon (Provisioning or Resuming) does next, given
+    the daemon's latest heartbeat of this phase (None: none yet)."""
+    if phase not in (Phase.PROVISIONING, Phase.RESUMING) or reported is None:
+        return LaunchStep.WAIT
+    if reported.live:
+        return LaunchStep.RUNNING
+    if reported.total:
+        return LaunchStep.RECOVER
+    return LaunchStep.WAIT
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """A condition to set: ``type`` to ``status`` for ``reason``, explained by ``message``."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ResumeOutcome:
+    still_resuming: bool
+    """The resume chain is still on its way: nothing else is decided this pass."""
+    condition: ConditionChange | None = None
+    """The ``Resumed`` condition the finished operation earns, if it is a resume."""
+
+
+def resume_outcome(state: OperationState, error: str | None) -> ResumeOutcome:
+    """What the task's last operation says to a task that waits for its daemon.
+
+    That operation is the resume (a restore, a wake, a recovery) whose agents the daemon
+    is bringing back, or the pause's recorded drain when there was no checkpoint to
+    resume from; ``error`` on a resumed operation names the agents that did not come
+    back."""
+    if state is OperationState.FAILED:
+        return ResumeOutcome(
+            False, ConditionChange("Resumed", False, "ResumeFailed", error or "failed")
+        )
+    if state is OperationState.RESUMED and error:
+        return ResumeOutcome(False, ConditionChange("Resumed", False, "PartlyResumed", error))
+    if state is OperationState.RESUMED:
+        return ResumeOutcome(
+            False, ConditionChange("Resumed", True, "Resumed", "every agent continues")
+        )
+    return ResumeOutcome(still_resuming=not state.terminal)
+
+
+# ---------------------------------------------------------------------------- status
 
 
 def condition(

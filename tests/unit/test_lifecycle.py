@@ -1,5 +1,9 @@
 """The operator's pure decisions, exhaustively: spec parsing, the delete finalizer,
-idle pause, kubectl-driven pause and wake, Sandbox suspension, status churn."""
+idle pause, kubectl-driven pause and wake, Sandbox suspension, waiting for the daemon
+(Running, restart recovery), the resume outcome, idempotency keys, status churn.
+
+Every expected value is written out in the tables below, never derived from the rules
+under test."""
 
 from __future__ import annotations
 
@@ -9,21 +13,27 @@ from typing import Any
 
 import pytest
 
+from orchestrator.ledger import OperationState
+from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
-    SANDBOX_V1ALPHA1,
-    SANDBOX_V1BETA1,
+    AgentCounts,
+    ConditionChange,
     DeleteAction,
+    LaunchStep,
     Phase,
+    Purpose,
+    ResumeOutcome,
     SpecError,
     TaskSpec,
     Wanted,
     condition,
     decide_delete,
+    launch_step,
     merge_conditions,
+    operation_key,
     parse_duration,
     parse_spec,
-    running_phase,
-    sandbox_is_suspended,
+    resume_outcome,
     sandbox_suspension_patch,
     should_idle_pause,
     status_patch,
@@ -89,39 +99,129 @@ def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None
 
 # -------------------------------------------------------------------- delete finalizer
 
-STATES = [None, "pending", "draining", "drained", "recorded", "forced", "failed"]
+REL = DeleteAction.RELEASE
+KEEP = DeleteAction.KEEP_PAUSE_CHECKPOINT
+START = DeleteAction.START_DRAIN
+WAIT = DeleteAction.WAIT
+REC = DeleteAction.RECORDED
+FORCE = DeleteAction.FORCE
+
+DRAIN_STATES = [
+    OperationState.PENDING,
+    OperationState.DRAINING,
+    OperationState.DRAINED,
+    OperationState.RECORDED,
+    OperationState.FORCED,
+    OperationState.FAILED,
+]
+# Each row: what the finalizer does in that phase, by the state of the deletion's drain.
+# The first two columns are the drain not begun, without and with a status.checkpointRef
+# (a paused task's); the ref changes nothing once the drain has begun.
+#                        not begun    pending draining drained recorded forced failed
+#                        -     ref
+CHECKPOINT_WITHIN_TIMEOUT = {  # onDelete: checkpoint, drain begun < drainTimeout ago
+    None:               (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.PENDING:      (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.PROVISIONING: (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.RUNNING:      (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.DRAINING:     (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.SUSPENDED:    (START, KEEP, WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.RESUMING:     (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.COMPLETED:    (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.FAILED:       (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
+}  # fmt: skip
+CHECKPOINT_PAST_TIMEOUT = {  # onDelete: checkpoint, drain begun >= drainTimeout ago
+    None:               (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.PENDING:      (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.PROVISIONING: (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.RUNNING:      (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.DRAINING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.SUSPENDED:    (START, KEEP, FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.RESUMING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.COMPLETED:    (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.FAILED:       (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+}  # fmt: skip
+ON_DELETE_DELETE = {  # onDelete: delete, whatever else holds
+    None:               (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.PENDING:      (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.PROVISIONING: (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.RUNNING:      (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.DRAINING:     (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.SUSPENDED:    (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.RESUMING:     (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.COMPLETED:    (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+    Phase.FAILED:       (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+}  # fmt: skip
+# Seconds since the drain began (None: no start time known), against drainTimeout: 2m.
+TABLE_BY_ELAPSED = {
+    ("checkpoint", None): CHECKPOINT_WITHIN_TIMEOUT,
+    ("checkpoint", 10): CHECKPOINT_WITHIN_TIMEOUT,
+    ("checkpoint", 119): CHECKPOINT_WITHIN_TIMEOUT,
+    ("checkpoint", 120): CHECKPOINT_PAST_TIMEOUT,
+    ("checkpoint", 500): CHECKPOINT_PAST_TIMEOUT,
+    ("delete", None): ON_DELETE_DELETE,
+    ("delete", 10): ON_DELETE_DELETE,
+    ("delete", 119): ON_DELETE_DELETE,
+    ("delete", 120): ON_DELETE_DELETE,
+    ("delete", 500): ON_DELETE_DELETE,
+}
 
 
-PHASES = [None, *Phase]
+def _delete_case(
+    on_delete: str, phase: Phase | None, state: OperationState | None, ref: str | None,
+    elapsed: int | None,
+) -> Any:  # fmt: skip
+    table = TABLE_BY_ELAPSED[(on_delete, elapsed)]
+    column = (0 if ref is None else 1) if state is None else 2 + DRAIN_STATES.index(state)
+    expected = table[phase][column]
+    case_id = "-".join([
+        on_delete, str(phase or "no-phase"), str(state or "not-begun"),
+        "ref" if ref else "no-ref", "no-start" if elapsed is None else f"{elapsed}s",
+    ])  # fmt: skip
+    return pytest.param(on_delete, phase, state, ref, elapsed, expected, id=case_id)
+
+
+DELETE_CASES = [
+    _delete_case(on_delete, phase, state, ref, elapsed)
+    for on_delete, phase, state, ref, elapsed in itertools.product(
+        ["checkpoint", "delete"], [None, *Phase], [None, *DRAIN_STATES],
+        [None, "ckpt-paused"], [None, 10, 119, 120, 500],
+    )
+]  # fmt: skip
+
+
+def test_the_delete_tables_cover_every_phase() -> None:
+    for table in (CHECKPOINT_WITHIN_TIMEOUT, CHECKPOINT_PAST_TIMEOUT, ON_DELETE_DELETE):
+        assert list(table) == [None, *Phase]
+    assert len(DELETE_CASES) == 1260
 
 
 @pytest.mark.parametrize(
-    ("on_delete", "phase", "state", "elapsed"),
-    list(itertools.product(["checkpoint", "delete"], PHASES, STATES, [None, 10, 119, 120, 500])),
+    ("on_delete", "phase", "state", "ref", "elapsed", "expected"), DELETE_CASES
 )
 def test_delete_decision_table(
-    on_delete: str, phase: str | None, state: str | None, elapsed: int | None
+    on_delete: str,
+    phase: Phase | None,
+    state: OperationState | None,
+    ref: str | None,
+    elapsed: int | None,
+    expected: DeleteAction,
 ) -> None:
     task = spec(onDelete=on_delete, drainTimeout="2m")
     started = None if elapsed is None else NOW - timedelta(seconds=elapsed)
-    action = decide_delete(task, phase, state, started, NOW)
-    if on_delete == "delete":
-        expected = DeleteAction.RELEASE
-    elif state is None and phase in (None, Phase.PENDING, Phase.FAILED):
-        expected = DeleteAction.RELEASE  # no daemon ever ran: nothing to drain
-    elif state is None:
-        expected = DeleteAction.START_DRAIN
-    elif state in ("recorded", "forced"):
-        expected = DeleteAction.RECORDED
-    elif state == "failed" or (elapsed is not None and elapsed >= 120):
-        expected = DeleteAction.FORCE
-    else:
-        expected = DeleteAction.WAIT
+    action = decide_delete(
+        task, phase=phase, checkpoint_ref=ref, op_state=state, drain_started=started, now=NOW
+    )
     assert action is expected
 
 
-def test_a_task_whose_spec_never_parsed_is_released() -> None:
-    assert decide_delete(None, Phase.RUNNING, None, None, NOW) is DeleteAction.RELEASE
+@pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
+def test_a_task_whose_spec_never_parsed_is_released(phase: Phase | None) -> None:
+    action = decide_delete(
+        None, phase=phase, checkpoint_ref="ckpt-paused", op_state=None, drain_started=None,
+        now=NOW,
+    )  # fmt: skip
+    assert action is DeleteAction.RELEASE
 
 
 # ------------------------------------------------------------------------ idle pause
@@ -139,6 +239,9 @@ def test_a_task_whose_spec_never_parsed_is_released() -> None:
         ("30s", Phase.DRAINING, 100, False),
         ("30s", Phase.RESUMING, 100, False),
         ("30s", None, 100, False),
+        ("0s", Phase.RUNNING, 0, True),
+        ("0s", Phase.RUNNING, -5, True),  # a heartbeat stamped ahead of this clock
+        ("30s", Phase.RUNNING, -5, False),
     ],
 )
 def test_idle_pause(timeout: str | None, phase: str | None, idle_secs: float | None,
@@ -174,25 +277,159 @@ def test_kubectl_driven_transitions(suspend: bool, phase: str, paused_by: str | 
     assert wanted_transition(task, phase, paused_by, wake, last_wake) is wanted
 
 
-@pytest.mark.parametrize("api_version", [SANDBOX_V1ALPHA1, SANDBOX_V1BETA1])
-@pytest.mark.parametrize("suspended", [True, False])
-def test_sandbox_suspension_round_trips(api_version: str, suspended: bool) -> None:
-    patch = sandbox_suspension_patch(api_version, suspended)
-    assert sandbox_is_suspended(api_version, patch["spec"]) is suspended
+@pytest.mark.parametrize(
+    ("api_version", "suspended", "patch"),
+    [
+        pytest.param(SANDBOX_V1BETA1, True, {"spec": {"operatingMode": "Suspended"}},
+                     id="v1beta1-suspend"),
+        pytest.param(SANDBOX_V1BETA1, False, {"spec": {"operatingMode": "Running"}},
+                     id="v1beta1-run"),
+        pytest.param(SANDBOX_V1ALPHA1, True, {"spec": {"replicas": 0}}, id="v1alpha1-suspend"),
+        pytest.param(SANDBOX_V1ALPHA1, False, {"spec": {"replicas": 1}}, id="v1alpha1-run"),
+    ],
+)  # fmt: skip
+def test_sandbox_suspension_shapes(
+    api_version: str, suspended: bool, patch: dict[str, Any]
+) -> None:
+    assert sandbox_suspension_patch(api_version, suspended) == patch
 
 
-def test_sandbox_suspension_shapes() -> None:
-    assert sandbox_suspension_patch(SANDBOX_V1BETA1, True) == {
-        "spec": {"operatingMode": "Suspended"}
-    }
-    assert sandbox_suspension_patch(SANDBOX_V1ALPHA1, True) == {"spec": {"replicas": 0}}
+# ------------------------------------------------------ waiting for the daemon's agents
+
+NO_HEARTBEAT = None
+NO_AGENTS = AgentCounts(total=0, live=0)
+ALL_STOPPED = AgentCounts(total=3, live=0)
+SOME_LIVE = AgentCounts(total=3, live=2)
+W, RUN, RECOVER = LaunchStep.WAIT, LaunchStep.RUNNING, LaunchStep.RECOVER
+#                     no heartbeat  no agents  all stopped  some live
+LAUNCH_TABLE = {
+    None:               (W,         W,         W,           W),
+    Phase.PENDING:      (W,         W,         W,           W),
+    Phase.PROVISIONING: (W,         W,         RECOVER,     RUN),
+    Phase.RUNNING:      (W,         W,         W,           W),
+    Phase.DRAINING:     (W,         W,         W,           W),
+    Phase.SUSPENDED:    (W,         W,         W,           W),
+    Phase.RESUMING:     (W,         W,         RECOVER,     RUN),
+    Phase.COMPLETED:    (W,         W,         W,           W),
+    Phase.FAILED:       (W,         W,         W,           W),
+}  # fmt: skip
+REPORTS = [
+    ("no-heartbeat", NO_HEARTBEAT),
+    ("no-agents", NO_AGENTS),
+    ("all-stopped", ALL_STOPPED),
+    ("some-live", SOME_LIVE),
+]
 
 
-@pytest.mark.parametrize("phase", list(Phase))
-@pytest.mark.parametrize("live", [None, 0, 2])
-def test_running_once_the_daemon_reports_live_agents(phase: Phase, live: int | None) -> None:
-    expected = Phase.RUNNING if phase in (Phase.PROVISIONING, Phase.RESUMING) and live else None
-    assert running_phase(phase, live) == expected
+@pytest.mark.parametrize(
+    ("phase", "reported", "expected"),
+    [
+        pytest.param(phase, reported, LAUNCH_TABLE[phase][column],
+                     id=f"{phase or 'no-phase'}-{name}")
+        for phase in LAUNCH_TABLE
+        for column, (name, reported) in enumerate(REPORTS)
+    ],
+)  # fmt: skip
+def test_a_task_waiting_for_its_daemon_runs_once_agents_are_live_and_recovers_stopped_ones(
+    phase: Phase | None, reported: AgentCounts | None, expected: LaunchStep
+) -> None:
+    assert launch_step(phase, reported) is expected
+
+
+CORRUPT = "a2: session.json does not parse"
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "expected"),
+    [
+        pytest.param(OperationState.PENDING, None, ResumeOutcome(still_resuming=True),
+                     id="pending"),
+        pytest.param(OperationState.RESUMING, None, ResumeOutcome(still_resuming=True),
+                     id="resuming"),
+        pytest.param(OperationState.RESUMING, CORRUPT, ResumeOutcome(still_resuming=True),
+                     id="resuming-with-error"),
+        pytest.param(
+            OperationState.RESUMED, None,
+            ResumeOutcome(False, ConditionChange("Resumed", True, "Resumed",
+                                                 "every agent continues")),
+            id="resumed",
+        ),
+        pytest.param(
+            OperationState.RESUMED, CORRUPT,
+            ResumeOutcome(False, ConditionChange("Resumed", False, "PartlyResumed", CORRUPT)),
+            id="resumed-but-some-did-not",
+        ),
+        pytest.param(
+            OperationState.FAILED, CORRUPT,
+            ResumeOutcome(False, ConditionChange("Resumed", False, "ResumeFailed", CORRUPT)),
+            id="failed",
+        ),
+        pytest.param(
+            OperationState.FAILED, None,
+            ResumeOutcome(False, ConditionChange("Resumed", False, "ResumeFailed", "failed")),
+            id="failed-without-a-reason",
+        ),
+        # A wake with no checkpoint to resume from leaves the pause's drain as the last
+        # operation: finished, but no resume to judge.
+        pytest.param(OperationState.RECORDED, None, ResumeOutcome(still_resuming=False),
+                     id="a-recorded-pause"),
+        pytest.param(OperationState.FORCED, None, ResumeOutcome(still_resuming=False),
+                     id="a-forced-checkpoint"),
+        pytest.param(OperationState.DRAINING, None, ResumeOutcome(still_resuming=True),
+                     id="a-drain-under-way"),
+        pytest.param(OperationState.DRAINED, None, ResumeOutcome(still_resuming=True),
+                     id="a-drained-drain"),
+    ],
+)  # fmt: skip
+def test_a_finished_resume_sets_the_resumed_condition(
+    state: OperationState, error: str | None, expected: ResumeOutcome
+) -> None:
+    assert resume_outcome(state, error) == expected
+
+
+# ------------------------------------------------------------------ idempotency keys
+
+UID = "0c5a1e9e-7f3b-4c1a-9d2e-5b6f7a8c9d0e"
+
+
+@pytest.mark.parametrize(
+    ("purpose", "which", "key"),
+    [
+        pytest.param(Purpose.DELETE, None, f"{UID}:delete", id="delete"),
+        pytest.param(Purpose.FORCE, None, f"{UID}:force", id="force"),
+        pytest.param(Purpose.RESTORE, None, f"{UID}:restore", id="restore"),
+        pytest.param(Purpose.PAUSE, 1, f"{UID}:pause:1", id="first-pause"),
+        pytest.param(Purpose.PAUSE, 12, f"{UID}:pause:12", id="twelfth-pause"),
+        pytest.param(Purpose.RESUME, "ckpt-7f3a", f"{UID}:resume:ckpt-7f3a", id="resume"),
+        pytest.param(Purpose.RECOVER, 0, f"{UID}:recover:0", id="recover-seq-0"),
+        pytest.param(Purpose.RECOVER, 41, f"{UID}:recover:41", id="recover"),
+    ],
+)
+def test_operation_keys_are_the_uid_the_purpose_and_which_one(
+    purpose: Purpose, which: int | str | None, key: str
+) -> None:
+    assert operation_key(UID, purpose, which) == key
+
+
+@pytest.mark.parametrize(
+    ("purpose", "which"),
+    [
+        pytest.param(Purpose.DELETE, 1, id="a-second-delete"),
+        pytest.param(Purpose.FORCE, "x", id="a-second-force"),
+        pytest.param(Purpose.RESTORE, 2, id="a-second-restore"),
+        pytest.param(Purpose.PAUSE, None, id="a-pause-without-its-count"),
+        pytest.param(Purpose.RESUME, None, id="a-resume-without-its-checkpoint"),
+        pytest.param(Purpose.RECOVER, None, id="a-recovery-without-its-heartbeat"),
+    ],
+)
+def test_an_operation_key_names_which_repetition_exactly_when_the_purpose_repeats(
+    purpose: Purpose, which: int | str | None
+) -> None:
+    with pytest.raises(ValueError, match=purpose.value):
+        operation_key(UID, purpose, which)
+
+
+# ------------------------------------------------------------------------ status
 
 
 def test_conditions_keep_their_transition_time_while_status_holds() -> None:

@@ -1,0 +1,58 @@
+"""The names on the wire: the one place the CalibanTask's and the Sandbox's API names live.
+
+Group, version, plural and kind of the CalibanTask (``deploy/crds/calibantask.yaml``
+declares the same, and a unit test holds the two together), the drain finalizer, the
+labels and annotations the operator reads and writes, the prefix of kopf's own
+bookkeeping annotations, and the Sandbox API versions and plural. The operator's
+handlers, its Kubernetes calls, the pure lifecycle, the CLI, the stand-in Sandbox
+controller and the benchmarks import these instead of spelling them.
+
+Constants only: this module imports nothing, so any side (the CLI, the embedded API, a
+benchmark) can import it without pulling in kopf or the Kubernetes client. Every value
+is part of the API that users, other controllers and stored objects rely on: changing
+one is a migration, not a refactor.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ------------------------------------------------------------------ the CalibanTask
+
+GROUP: Final = "caliban.caliban-ai.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+PLURAL: Final = "calibantasks"
+KIND: Final = "CalibanTask"
+
+FINALIZER: Final = f"{GROUP}/drain"
+"""The drain finalizer: a deleted task stays until its agents are checkpointed."""
+
+WAKE_ANNOTATION: Final = f"{GROUP}/wake"
+"""A new value resumes an idle-paused task once (what an attach does)."""
+
+TASK_LABEL: Final = f"{GROUP}/task"
+"""On a task's Sandbox and workspace PVC: the task's name."""
+
+CHECKPOINT_LABEL: Final = f"{GROUP}/checkpoint"
+"""On a retained workspace PVC: the ref of the checkpoint it holds."""
+
+KOPF_ANNOTATION_PREFIX: Final = GROUP
+"""kopf keeps its handler progress and last-handled state in annotations under this prefix
+(``<prefix>/<handler id>``), so they sit beside ours rather than under ``kopf.zalando.org``.
+Renaming it orphans the progress of objects already stored."""
+
+KOPF_DIFFBASE_KEY: Final = "last-handled-configuration"
+
+# ----------------------------------------------------------------------- the Sandbox
+
+SANDBOX_GROUP: Final = "agents.x-k8s.io"
+SANDBOX_V1ALPHA1: Final = f"{SANDBOX_GROUP}/v1alpha1"
+"""Suspended with ``spec.replicas: 0``; the default for a task."""
+SANDBOX_V1BETA1: Final = f"{SANDBOX_GROUP}/v1beta1"
+"""Suspended with ``spec.operatingMode: Suspended``."""
+SANDBOX_API_VERSIONS: Final = (SANDBOX_V1ALPHA1, SANDBOX_V1BETA1)
+SANDBOX_PLURAL: Final = "sandboxes"
+SANDBOX_KIND: Final = "Sandbox"
+SANDBOX_CRD: Final = f"{SANDBOX_PLURAL}.{SANDBOX_GROUP}"
+"""The Sandbox CRD's object name (``<plural>.<group>``)."""
