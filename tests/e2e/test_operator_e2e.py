@@ -146,6 +146,27 @@ def test_kubectl_patch_suspend_pauses_and_resumes(stack: DevStack) -> None:
     stack.kubectl("delete", "ctask", "manual", timeout=120)
 
 
+def test_deleting_a_suspended_task_keeps_its_pause_checkpoint_without_a_second_drain(
+    stack: DevStack,
+) -> None:
+    manifest = task_manifest("resting", agents=1, model="turns=2,turn_ms=20", suspend=True)
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "resting", "Suspended", timeout=120)
+    ref = stack.status("default", "resting")["checkpointRef"]
+    pvc = pvc_of(stack, "default", "resting")
+    uid = stack.task("default", "resting")["metadata"]["uid"]  # type: ignore[index]
+
+    stack.kubectl("delete", "ctask", "resting", timeout=120)
+    assert stack.task("default", "resting") is None
+    assert stack.ledger.find_operation(f"{uid}:delete") is None  # no drain of a stopped daemon
+    latest = stack.ledger.latest_checkpoint("default", "resting")
+    assert latest is not None
+    assert latest.ref == ref
+    assert latest.reason == "pause"
+    retained = stack.kubectl("get", "pvc", pvc, "-o", "json").stdout
+    assert ref in retained
+
+
 def test_on_delete_delete_releases_without_a_checkpoint(stack: DevStack) -> None:
     assert stack.apply(task_manifest("throwaway", agents=1, onDelete="delete")).returncode == 0
     stack.wait_phase("default", "throwaway", "Running")
