@@ -319,6 +319,7 @@ class Reconciler:
         if activity is not None:
             reported = AgentCounts(total=activity.agents_total, live=activity.agents_live)
         step = launch_step(self.status.get("phase"), reported)
+        # Without a heartbeat launch_step answers WAIT: both branches below have one.
         if step is LaunchStep.RUNNING:
             assert activity is not None
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
