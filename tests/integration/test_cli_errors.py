@@ -6,30 +6,18 @@ end in exactly one ``Error:`` line on stderr, the documented exit code, and no t
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import ExitCode
 from orchestrator.ledger import Ledger
+from tests.integration.cli_support import drainctl
 from tests.pipeline_support import free_port, fresh_sqlite, redis_db_url
 
 CLOSED_PORT_PG = "postgresql+psycopg://postgres@127.0.0.1:1/x"
 CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"
-
-
-def drainctl(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DRAIN_", "KUBE"))}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env={**base, **(env or {})},
-        check=False,
-    )  # fmt: skip
 
 
 def assert_one_line_error(

@@ -7,7 +7,6 @@ the embedded Kubernetes API; the help walk reads the real click command tree."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -21,21 +20,11 @@ import yaml
 
 from orchestrator.cli import ExitCode, main
 from orchestrator.ledger import Ledger
+from tests.integration.cli_support import drainctl
 from tests.pipeline_support import Stack, free_port, fresh_sqlite, redis_db_url
 from tests.support import DaemonProcess, wait_until
 
 SHA = "ab" * 32
-
-
-def drainctl(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DRAIN_", "KUBE"))}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env={**base, **(env or {})},
-        check=False,
-    )  # fmt: skip
 
 
 def ok_json(result: subprocess.CompletedProcess[str]) -> object:
