@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.cli.errors import ExitCode
 from tests.support import DaemonProcess, wait_until
 
 
@@ -47,7 +48,7 @@ def test_errors_are_reported_with_a_non_zero_exit(daemon: DaemonProcess, tmp_pat
     assert unknown.returncode == 1
     assert "not_found: no agent 'agent-nope'" in unknown.stderr
     absent = drainctl("agents", "--socket", str(tmp_path / "none.sock"), "ls")
-    assert absent.returncode == 1
+    assert absent.returncode == ExitCode.UNREACHABLE  # 4 since Step 4 (was 1: no code of its own)
     assert "cannot connect to the daemon" in absent.stderr
 
 

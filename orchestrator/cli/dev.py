@@ -1,0 +1,99 @@
+"""``drainctl dev up|cluster``: the embedded Kubernetes API and the whole stack on one
+machine, for development. ``orchestrator.devcluster`` (and kmock behind it) is imported
+inside the commands only, so it is needed only when they run."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.errors import OperationFailed
+from orchestrator.cli.output import configure_logging, log_level_option
+
+
+@click.group()
+def dev() -> None:
+    """Development: the embedded Kubernetes API and the whole stack on one machine."""
+
+
+@dev.command("up")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=Path("kubeconfig.yaml"),
+    show_default=True,
+    help="Where to write the kubeconfig for kubectl.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".dev-stack"),
+    show_default=True,
+    help="Ledger, broker, volumes and logs.",
+)
+@click.option("--port", default=0, show_default=True, type=int, help="API port (0: any).")
+@click.option(
+    "--sandbox-storage",
+    type=click.Choice(["v1alpha1", "v1beta1"]),
+    default="v1alpha1",
+    show_default=True,
+    help="The Sandbox version the embedded cluster stores (as a real cluster has one).",
+)
+@log_level_option
+def dev_up(
+    kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str, log_level: str
+) -> None:
+    """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker."""
+    configure_logging(log_level)
+    from orchestrator.devcluster.up import run_dev_up
+
+    asyncio.run(
+        run_dev_up(
+            kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
+            sandbox_storage=sandbox_storage,
+        )
+    )  # fmt: skip
+
+
+@dev.command("cluster")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the kubeconfig for kubectl and kopf.",
+)
+@click.option(
+    "--crd",
+    "crd_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A CRD file to serve from the start (default: deploy/crds/*.yaml).",
+)
+@log_level_option
+def dev_cluster(port: int, kubeconfig: Path, crd_files: tuple[Path, ...], log_level: str) -> None:
+    """Run the embedded Kubernetes API alone, in the foreground, until SIGTERM or Ctrl-C."""
+    from orchestrator.devcluster import DevClusterError, run_dev_cluster
+    from orchestrator.devcluster.up import CRD_DIR
+
+    configure_logging(log_level)
+    crds = list(crd_files) or sorted(CRD_DIR.glob("*.yaml"))
+    try:
+        run_dev_cluster(
+            port,
+            kubeconfig,
+            crds,
+            on_ready=lambda url: click.echo(
+                f"Kubernetes API at {url}; kubectl --kubeconfig {kubeconfig} get ns"
+            ),
+        )
+    except DevClusterError as exc:
+        raise OperationFailed(str(exc)) from None

@@ -1,0 +1,127 @@
+"""``drainctl operator|pause|wake``: the commands that talk to the Kubernetes API.
+
+``pause`` and ``wake`` are what a user would otherwise do with ``kubectl patch``: they
+set ``spec.lifecycle.suspend`` (and, for wake, the wake annotation) with one merge patch,
+and the operator does the rest. They take ``--kubeconfig``/``--context`` like kubectl;
+without either they use in-cluster credentials in a pod, else ``KUBECONFIG`` or
+``~/.kube/config``. No kubeconfig exits 2, an unreachable API 4 (``errors.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import click
+
+from orchestrator.cli.errors import OperationFailed
+from orchestrator.cli.output import (
+    TASK_REF,
+    configure_logging,
+    emit,
+    json_option,
+    log_level_option,
+)
+from orchestrator.operator.crd import GROUP, PLURAL, VERSION
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+API_TIMEOUT_SECS: Final = 10.0
+"""Connect and read timeout of each call pause/wake make."""
+
+
+@click.command("operator")
+@click.option("--manage-sandbox", is_flag=True, help="Provision each task's Sandbox and PVC.")
+@click.option(
+    "--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable)."
+)
+@log_level_option
+def operator_cmd(manage_sandbox: bool, namespaces: tuple[str, ...], log_level: str) -> None:
+    """Run the CalibanTask operator (kopf; kubeconfig or in-cluster credentials)."""
+    configure_logging(log_level)
+    from orchestrator.operator.handlers import run_operator
+
+    run_operator(namespaces=list(namespaces) or None, manage_sandbox=manage_sandbox)
+
+
+def _kube_options(command: F) -> F:
+    command = click.option(
+        "--context",
+        default=None,
+        help="The kubeconfig context to use (default: its current context).",
+    )(command)
+    return click.option(
+        "--kubeconfig",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="Kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config).",
+    )(command)
+
+
+def _patch_task(
+    task: tuple[str, str], patch: dict[str, Any], kubeconfig: Path | None, context: str | None
+) -> dict[str, Any]:
+    """One merge patch of the CalibanTask ``task``; the patched object is returned."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    namespace, name = task
+    api_client = None
+    if kubeconfig is None and context is None:
+        try:
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+        except config.ConfigException:
+            pass  # not in a pod: a kubeconfig, below
+    if api_client is None:
+        # ConfigException (no kubeconfig, unknown context) → exit 2 in errors.py.
+        api_client = config.new_client_from_config(
+            config_file=str(kubeconfig) if kubeconfig else None, context=context
+        )
+    # One attempt per call: an unreachable API is reported at once, not after retries.
+    api_client.configuration.retries = 0
+    with api_client:
+        api = client.CustomObjectsApi(api_client)
+        try:
+            result: dict[str, Any] = api.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch,
+                _content_type="application/merge-patch+json", _request_timeout=API_TIMEOUT_SECS,
+            )  # fmt: skip
+        except ApiException as exc:
+            hint = f" (does it exist? kubectl get {PLURAL} -n {namespace})"
+            raise OperationFailed(
+                f"calibantask {namespace}/{name}: the API answered {exc.status} {exc.reason}"
+                + (hint if exc.status == 404 else "")
+            ) from None
+    return result
+
+
+@click.command("pause")
+@click.argument("task", type=TASK_REF)
+@_kube_options
+@json_option
+def pause_cmd(task: tuple[str, str], kubeconfig: Path | None, context: str | None) -> None:
+    """Pause TASK (NS/NAME): drain, checkpoint, suspend (sets spec.lifecycle.suspend)."""
+    patched = _patch_task(task, {"spec": {"lifecycle": {"suspend": True}}}, kubeconfig, context)
+    emit(patched, f"calibantask {task[0]}/{task[1]} pausing")
+
+
+@click.command("wake")
+@click.argument("task", type=TASK_REF)
+@_kube_options
+@json_option
+def wake_cmd(task: tuple[str, str], kubeconfig: Path | None, context: str | None) -> None:
+    """Resume TASK (NS/NAME) from its checkpoint (clears suspend, sets the wake annotation)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.operator.crd import WAKE_ANNOTATION
+
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    patch = {
+        "metadata": {"annotations": {WAKE_ANNOTATION: stamp}},
+        "spec": {"lifecycle": {"suspend": False}},
+    }
+    patched = _patch_task(task, patch, kubeconfig, context)
+    emit(patched, f"calibantask {task[0]}/{task[1]} waking")
