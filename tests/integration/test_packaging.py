@@ -118,6 +118,59 @@ def test_the_wheel_carries_the_crds_and_the_migrations(wheel: Path) -> None:
     assert {"orchestrator/py.typed", "worker_agent/py.typed"} <= names
 
 
+def _kubectl_crds(kubeconfig: Path) -> str | None:
+    """``kubectl get crd -o name`` against ``kubeconfig``, or None while it cannot answer."""
+    if not kubeconfig.exists():
+        return None
+    listed = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "get", "crd", "-o", "name"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    return listed.stdout if listed.returncode == 0 else None
+
+
+def _stop(proc: subprocess.Popen[bytes], within: float) -> int:
+    """SIGTERM, then SIGKILL (and fail) if ``proc`` is still running after ``within``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+SERVED_CRDS = (
+    "customresourcedefinition.apiextensions.k8s.io/calibantasks.caliban.caliban-ai.dev",
+    "customresourcedefinition.apiextensions.k8s.io/sandboxes.agents.x-k8s.io",
+)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_drainctl_dev_cluster_serves_the_packaged_crds_by_default(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig.yaml"
+    log_path = tmp_path / "dev-cluster.log"
+    with log_path.open("wb") as log:
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--kubeconfig",
+             str(kubeconfig)],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def served() -> str | None:
+            if cluster.poll() is not None:
+                raise AssertionError(f"exited {cluster.returncode}: {log_path.read_text()}")
+            return _kubectl_crds(kubeconfig)
+
+        listed = wait_until(served, 60, "kubectl get crd against drainctl dev cluster")
+        assert sorted(listed.split()) == sorted(SERVED_CRDS)
+    finally:
+        code = _stop(cluster, 30)
+    assert code == 0, log_path.read_text()
+
+
 # --------------------------------------------------------------- a wheel in a fresh venv
 
 
@@ -194,26 +247,12 @@ def test_a_wheel_installed_with_dev_runs_drainctl_dev_up_outside_the_checkout(
         def crds_served() -> str | None:
             if stack.poll() is not None:
                 raise AssertionError(f"dev up exited {stack.returncode}: {log_path.read_text()}")
-            if not kubeconfig.exists():
-                return None
-            listed = subprocess.run(
-                ["kubectl", "--kubeconfig", str(kubeconfig), "get", "crd", "-o", "name"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            return listed.stdout if listed.returncode == 0 else None
+            return _kubectl_crds(kubeconfig)
 
         served = wait_until(crds_served, 120, "kubectl get crd against the installed stack")
-        assert "customresourcedefinition.apiextensions.k8s.io/calibantasks.caliban." in served
-        assert "customresourcedefinition.apiextensions.k8s.io/sandboxes.agents.x-k8s.io" in served
+        assert sorted(served.split()) == sorted(SERVED_CRDS)
     finally:
-        if stack.poll() is None:
-            stack.send_signal(signal.SIGTERM)
-        try:
-            code = stack.wait(90)
-        except subprocess.TimeoutExpired:
-            stack.kill()
-            stack.wait()
-            raise
+        code = _stop(stack, 90)
     assert code == 0, log_path.read_text()
 
 
