@@ -21,6 +21,17 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def require_extra(extra: str, module: str, what: str) -> None:
+    """One line, not a traceback, when ``what`` needs an extra that is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise click.ClickException(
+            f"{what} needs the {extra!r} extra, which is not installed: "
+            f"pip install 'caliban-drain[{extra}]'"
+        )
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -337,6 +348,7 @@ def flower_cmd(port: int, address: str) -> None:
     """
     import os
 
+    require_extra("flower", "flower", "drainctl flower")
     if not os.environ.get("FLOWER_BASIC_AUTH") and not os.environ.get("FLOWER_UNAUTHENTICATED_API"):
         click.echo(
             "note: FLOWER_BASIC_AUTH is not set; Flower's API will answer 401 "
@@ -489,6 +501,7 @@ def wake_cmd(task: str) -> None:
 @main.group()
 def dev() -> None:
     """Development: the embedded Kubernetes API and the whole stack on one machine."""
+    require_extra("dev", "kmock", "the embedded Kubernetes API (drainctl dev)")
 
 
 @dev.command("up")

@@ -5,7 +5,9 @@
   (kustomize refuses a symlink that leaves its root, so copies, kept equal here).
 - A wheel built from this tree and installed with ``[dev]`` into a fresh venv runs
   ``drainctl dev up`` from a directory that is not the checkout, and ``kubectl`` sees the
-  CRDs it served (slow: it builds a venv).
+  CRDs it served; installed without extras it imports everything the operator, the
+  orchestrator worker and the daemon run, and ``drainctl dev …`` and ``drainctl flower``
+  name the extra to install in one line (slow: these build venvs).
 - The daemon side runs with kopf, Flower, kmock and SQLAlchemy unimportable: a
   ``sitecustomize`` on ``PYTHONPATH`` makes every process of the test (``drainctl
   daemon``, its consumer child ``python -m worker_agent.consumer``, and the agent
@@ -206,18 +208,78 @@ def _wheelhouse(wheel: Path) -> Path:
     return house
 
 
-@pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel and its ``[dev]`` extra, installed offline."""
+def _make_venv(root: Path, wheel: Path, extras: str) -> Path:
+    """A fresh venv at ``root`` with ``wheel[extras]`` installed offline."""
     house = _wheelhouse(wheel)
-    root = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
     subprocess.run(
         [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",
-         "--find-links", str(house), f"{wheel}[dev]"],
+         "--find-links", str(house), f"{wheel}{extras}"],
         check=True, timeout=600, env=_clean_env(),
     )  # fmt: skip
     return root
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel and its ``[dev]`` extra."""
+    return _make_venv(tmp_path_factory.mktemp("venv") / "venv", wheel, "[dev]")
+
+
+@pytest.fixture(scope="module")
+def bare_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel and its runtime dependencies only."""
+    return _make_venv(tmp_path_factory.mktemp("bare") / "venv", wheel, "")
+
+
+RUNTIME_ENTRY_MODULES = (
+    "orchestrator.cli",
+    "orchestrator.operator.handlers",
+    "orchestrator.pipeline.tasks",
+    "orchestrator.pipeline.start",
+    "orchestrator.ledger",
+    "worker_agent.server",
+    "worker_agent.worker",
+    "worker_agent.consumer",
+)
+"""What the operator, the orchestrator worker and the daemon pod run."""
+
+
+@pytest.mark.slow
+def test_the_runtime_dependencies_alone_run_the_operator_the_worker_and_the_daemon(
+    bare_venv: Path, tmp_path: Path
+) -> None:
+    imported = subprocess.run(
+        [str(bare_venv / "bin" / "python"), "-c",
+         f"import {', '.join(RUNTIME_ENTRY_MODULES)}"],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [
+        (["dev", "up", "--kubeconfig", "k.yaml"], "dev"),
+        (["dev", "cluster", "--kubeconfig", "k.yaml"], "dev"),
+        (["flower"], "flower"),
+    ],
+    ids=["dev-up", "dev-cluster", "flower"],
+)
+def test_a_command_whose_extra_is_missing_says_which_to_install_in_one_line(
+    bare_venv: Path, tmp_path: Path, command: list[str], extra: str
+) -> None:
+    ran = subprocess.run(
+        [str(bare_venv / "bin" / "drainctl"), *command],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr
+    (line,) = ran.stderr.strip().splitlines()
+    assert line.endswith(f"pip install 'caliban-drain[{extra}]'"), line
 
 
 @pytest.mark.slow
