@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -171,6 +172,50 @@ def test_drainctl_dev_cluster_serves_the_packaged_crds_by_default(tmp_path: Path
     finally:
         code = _stop(cluster, 30)
     assert code == 0, log_path.read_text()
+
+
+# ---------------------------------------------------------- the repository is self-contained
+
+DOCS = ("README.md", "docs/*.md", "bench/RESULTS.md")
+TOP_LEVEL = ("orchestrator", "worker_agent", "migrations", "deploy", "docs", "tests", "bench")
+OUTSIDE = ("DESIGN" + ".md", "ADR" + " 0057", "ADR" + "-0057", "../" + "shared")
+"""Names of files that live outside the repository (spelled in pieces, so this file does
+not match itself)."""
+
+
+def _docs() -> list[Path]:
+    return sorted({p for pattern in DOCS for p in REPO.glob(pattern)})
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_path_and_link_in_a_doc_exists_in_the_repository(doc: Path) -> None:
+    text = doc.read_text(encoding="utf-8")
+    named = [
+        t
+        for t in re.findall(r"`([^`\s]+)`", text)
+        if t.startswith(tuple(f"{top}/" for top in TOP_LEVEL)) and not re.search(r"[<*…{]", t)
+    ]
+    missing = [t for t in named if not (REPO / t.rstrip("/")).exists()]
+    links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)]
+    missing += [t for t in links if t and ":" not in t and not (doc.parent / t).exists()]
+    assert not missing, f"{doc.relative_to(REPO)} names what the repository does not hold"
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    tracked = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    citing = []
+    for name in tracked:
+        path = REPO / name
+        if not path.is_file() or path.suffix in {".whl", ".png", ".db"}:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        citing += [f"{name}: {o}" for o in OUTSIDE if o in text]
+    assert not citing, "point these at docs/architecture.md or the docs in docs/:\n" + "\n".join(
+        citing
+    )
 
 
 # --------------------------------------------------------------- a wheel in a fresh venv
