@@ -144,6 +144,28 @@ def _stop(proc: subprocess.Popen[bytes], within: float) -> int:
         raise
 
 
+def _assert_serves_the_crds(
+    argv: list[str], kubeconfig: Path, *, cwd: Path, env: dict[str, str] | None, within: float = 60
+) -> None:
+    """Run ``argv`` until ``kubectl get crd`` through ``kubeconfig`` lists the packaged
+    CRDs, then SIGTERM it; it must exit 0."""
+    log_path = cwd / "server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def served() -> str | None:
+            if server.poll() is not None:
+                raise AssertionError(f"exited {server.returncode}: {log_path.read_text()}")
+            return _kubectl_crds(kubeconfig)
+
+        listed = wait_until(served, within, f"kubectl get crd against {argv[1:4]}")
+        assert sorted(listed.split()) == sorted(SERVED_CRDS)
+    finally:
+        code = _stop(server, 90)
+    assert code == 0, log_path.read_text()
+
+
 SERVED_CRDS = (
     "customresourcedefinition.apiextensions.k8s.io/calibantasks.caliban.caliban-ai.dev",
     "customresourcedefinition.apiextensions.k8s.io/sandboxes.agents.x-k8s.io",
@@ -153,25 +175,8 @@ SERVED_CRDS = (
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_drainctl_dev_cluster_serves_the_packaged_crds_by_default(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig.yaml"
-    log_path = tmp_path / "dev-cluster.log"
-    with log_path.open("wb") as log:
-        cluster = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--kubeconfig",
-             str(kubeconfig)],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-
-        def served() -> str | None:
-            if cluster.poll() is not None:
-                raise AssertionError(f"exited {cluster.returncode}: {log_path.read_text()}")
-            return _kubectl_crds(kubeconfig)
-
-        listed = wait_until(served, 60, "kubectl get crd against drainctl dev cluster")
-        assert sorted(listed.split()) == sorted(SERVED_CRDS)
-    finally:
-        code = _stop(cluster, 30)
-    assert code == 0, log_path.read_text()
+    argv = [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--kubeconfig"]
+    _assert_serves_the_crds([*argv, str(kubeconfig)], kubeconfig, cwd=tmp_path, env=None)
 
 
 # ---------------------------------------------------------- the repository is self-contained
@@ -342,25 +347,9 @@ def test_a_wheel_installed_with_dev_runs_drainctl_dev_up_outside_the_checkout(
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
 
     kubeconfig = elsewhere / "kubeconfig.yaml"
-    log_path = tmp_path / "dev-up.log"
-    with log_path.open("wb") as log:
-        stack = subprocess.Popen(
-            [str(venv / "bin" / "drainctl"), "dev", "up", "--kubeconfig", str(kubeconfig),
-             "--state-dir", str(elsewhere / "state")],
-            cwd=elsewhere, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-
-        def crds_served() -> str | None:
-            if stack.poll() is not None:
-                raise AssertionError(f"dev up exited {stack.returncode}: {log_path.read_text()}")
-            return _kubectl_crds(kubeconfig)
-
-        served = wait_until(crds_served, 120, "kubectl get crd against the installed stack")
-        assert sorted(served.split()) == sorted(SERVED_CRDS)
-    finally:
-        code = _stop(stack, 90)
-    assert code == 0, log_path.read_text()
+    argv = [str(venv / "bin" / "drainctl"), "dev", "up", "--kubeconfig", str(kubeconfig),
+            "--state-dir", str(elsewhere / "state")]  # fmt: skip
+    _assert_serves_the_crds(argv, kubeconfig, cwd=elsewhere, env=env, within=120)
 
 
 # ------------------------------------------------------------- the daemon without them
@@ -399,7 +388,7 @@ def test_the_daemon_serves_runs_and_drains_agents_without_kopf_flower_kmock_or_s
     from orchestrator.settings import Settings
 
     env, marks = blocked_env
-    broker = redis_db_url(db=12)
+    broker = redis_db_url(db=13)
     queue = "caliband.packaging.blocked"
     env = {**env, "DRAIN_BROKER_URL": broker, "DRAIN_RESULT_BACKEND": broker}
     daemon = DaemonProcess(tmp_short, "--queue", queue, env=env).start()
