@@ -12,7 +12,8 @@ checked: one recorded checkpoint whose turns equal the turns on disk.
 
 The floor, measured in the same run: N bare processes that flush a session file on
 SIGTERM and exit (``bench/drain.py``'s floor) plus a no-op two-task Celery chain on the
-same broker (``bench/pipeline.py``'s). Budget (DESIGN.md §6): at most 2 x floor.
+same broker (``bench/pipeline.py``'s). Budget (docs/architecture.md, "Performance
+budgets"): at most 2 x floor.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One request object per line, one reply per request, tagged by ``"kind"`` in snake_case.
 The verbs and field names are those of caliban's supervisor protocol, so a caliban
-client speaks to this daemon; ``drain`` and ``resume`` are the additions of ADR 0057.
+client speaks to this daemon; ``drain`` and ``resume`` are this project's additions.
 ``registry`` holds live state, ``store`` the on-disk layout, ``server`` the accept loop.
 
 Requests are strict (a mistyped or unknown field is an error naming it); the spawn spec

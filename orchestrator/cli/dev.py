@@ -9,13 +9,14 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.errors import OperationFailed
+from orchestrator.cli.errors import OperationFailed, require_extra
 from orchestrator.cli.output import configure_logging, log_level_option
 
 
 @click.group()
 def dev() -> None:
     """Development: the embedded Kubernetes API and the whole stack on one machine."""
+    require_extra("dev", "kmock", "the embedded Kubernetes API (drainctl dev)")
 
 
 @dev.command("up")
@@ -76,16 +77,17 @@ def dev_up(
     "crd_files",
     multiple=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A CRD file to serve from the start (default: deploy/crds/*.yaml).",
+    help="A CRD file to serve from the start (default: the CRDs the package ships).",
 )
 @log_level_option
 def dev_cluster(port: int, kubeconfig: Path, crd_files: tuple[Path, ...], log_level: str) -> None:
     """Run the embedded Kubernetes API alone, in the foreground, until SIGTERM or Ctrl-C."""
     from orchestrator.devcluster import DevClusterError, run_dev_cluster
-    from orchestrator.devcluster.up import CRD_DIR
+    from orchestrator.devcluster.apiserver import CrdSource
+    from orchestrator.devcluster.up import packaged_crds
 
     configure_logging(log_level)
-    crds = list(crd_files) or sorted(CRD_DIR.glob("*.yaml"))
+    crds: list[CrdSource] = [*crd_files] if crd_files else [*packaged_crds()]
     try:
         run_dev_cluster(
             port,

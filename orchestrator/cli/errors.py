@@ -226,3 +226,14 @@ class DrainctlGroup(click.Group):
             if error is None:
                 raise
             raise error from None
+
+
+def require_extra(extra: str, module: str, what: str) -> None:
+    """One line, not a traceback, when ``what`` needs an extra that is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise Misconfigured(
+            f"{what} needs the {extra!r} extra, which is not installed: "
+            f"pip install 'caliban-drain[{extra}]'"
+        )

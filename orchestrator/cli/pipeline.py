@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 
-from orchestrator.cli.errors import Misconfigured, OperationFailed, TimedOut, hide_password
+from orchestrator.cli.errors import (
+    Misconfigured,
+    OperationFailed,
+    TimedOut,
+    hide_password,
+    require_extra,
+)
 from orchestrator.cli.ledger import open_ledger
 from orchestrator.cli.output import (
     LOG_LEVELS,
@@ -252,6 +258,7 @@ def flower_cmd(port: int, address: str) -> None:
     Flower itself, so it never shows in the process list), or, for a loopback-only dev
     stack, FLOWER_UNAUTHENTICATED_API=true.
     """
+    require_extra("flower", "flower", "drainctl flower")
     if not os.environ.get("FLOWER_BASIC_AUTH") and not os.environ.get("FLOWER_UNAUTHENTICATED_API"):
         click.echo(
             "note: FLOWER_BASIC_AUTH is not set; Flower's API will answer 401 "

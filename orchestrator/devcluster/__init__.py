@@ -8,7 +8,15 @@
   ``discovery``, ``schema``, ``patching``, ``selectors``, ``tables``, ``protobuf``: the
   pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
 - ``sandbox_controller``: a local stand-in for the agent-sandbox controller; ``up``:
-  ``drainctl dev up``, the whole stack around this API.
+  ``drainctl dev up``, the whole stack around this API, serving the CRDs shipped as
+  package data (``orchestrator/operator/crds/``, and the stand-in Sandbox CRD in
+  ``crds/`` here).
+
+Installed with the ``dev`` extra (``pip install 'caliban-drain[dev]'``: kmock, aiohttp,
+jsonpatch, jsonpointer, attrs, PyYAML); no runtime process needs it. It may import the
+ledger (``drainctl dev up`` migrates it) and ``worker_agent``; only the CLI, the demo
+and the testing kit may import it, so the operator, the worker and the daemon never load
+it. ``tests/unit/test_import_rules.py`` enforces both.
 """
 
 from orchestrator.devcluster.apiserver import (

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -201,7 +201,7 @@ async def serve_dev_cluster(
 def run_dev_cluster(
     port: int,
     kubeconfig: Path,
-    crd_files: list[Path],
+    crd_files: Sequence[CrdSource],
     *,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:

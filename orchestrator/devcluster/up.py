@@ -2,9 +2,10 @@
 
 It brings up, in order: the ledger (SQLite in the state dir unless ``DRAIN_DATABASE_URL``
 says otherwise, migrated to head), the broker (``DRAIN_BROKER_URL``, or the embedded
-filesystem broker in the state dir), the embedded Kubernetes API with the CRDs of
-``deploy/crds`` and a kubeconfig for it, the orchestrator worker and the operator (child
-processes, restarted if they die), and the stand-in Sandbox controller (in process).
+filesystem broker in the state dir), the embedded Kubernetes API with the CRDs shipped as
+package data (:func:`packaged_crds`) and a kubeconfig for it, the orchestrator worker and
+the operator (child processes, restarted if they die), and the stand-in Sandbox
+controller (in process).
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
 everything, daemons drained on the way out.
 """
@@ -17,9 +18,11 @@ import logging
 import os
 import signal
 import sys
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import yaml
 from kubernetes import config as kube_config
 
 from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
@@ -31,7 +34,24 @@ from worker_agent.children import KeptProcess
 
 log = logging.getLogger(__name__)
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+PACKAGED_CRDS: Final = (
+    ("orchestrator.operator", "crds/calibantask.yaml"),
+    ("orchestrator.devcluster", "crds/sandbox.yaml"),
+)
+"""The CRDs the dev stack serves, as (package, resource): the CalibanTask CRD ships with
+the operator, the stand-in Sandbox CRD with this package. They are package data, so an
+installed wheel finds them wherever it runs; ``deploy/crds/`` holds byte-identical copies
+for ``kubectl apply -f`` and kustomize (which refuses symlinks out of its root), and
+``tests/integration/test_packaging.py`` keeps them identical."""
+
+
+def packaged_crds() -> list[dict[str, Any]]:
+    """The CRD documents of :data:`PACKAGED_CRDS`, read with ``importlib.resources``."""
+    documents: list[dict[str, Any]] = []
+    for package, name in PACKAGED_CRDS:
+        text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
+        documents.extend(d for d in yaml.safe_load_all(text) if d)
+    return load_crds(documents)
 
 
 def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
@@ -51,13 +71,13 @@ def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
 
 
 def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
-    """The CRDs of ``deploy/crds``, with the Sandbox stored as ``sandbox_storage``.
+    """The packaged CRDs, with the Sandbox stored as ``sandbox_storage``.
 
     Without a conversion webhook each Sandbox keeps only the fields of the version it
     is stored as (``replicas`` on v1alpha1, ``operatingMode`` on v1beta1), as on a real
     cluster; the dev stack lets a user pick which one the cluster has.
     """
-    crds = load_crds(sorted(CRD_DIR.glob("*.yaml")))
+    crds = packaged_crds()
     for crd in crds:
         if crd["metadata"]["name"] != SANDBOX_CRD:
             continue

@@ -5,6 +5,9 @@ does not), so a new task can be restored from a checkpoint of a deleted one. ``m
 holds the tables, ``repository`` the only code that reads and writes them (``Ledger``,
 returning frozen views), and ``migrate`` runs the Alembic migrations in ``migrations/``.
 SQLite is the embedded default; PostgreSQL serves the dev stack and production.
+
+Must never import the operator, the pipeline, the CLI or the embedded Kubernetes API:
+everything that records or reads an operation goes through here, not the other way round.
 """
 
 from orchestrator.ledger.migrate import current, downgrade, head, upgrade, upgrade_sql

@@ -4,7 +4,7 @@ Routing is by queue: orchestrator tasks run on ``orchestrator``; each daemon con
 its own ``caliband.<namespace>.<name>``. Task *names* are the contract between the two
 sides, so neither imports the other's task code: the orchestrator sends daemon tasks by
 name, and a daemon's consumer sends its heartbeats the same way. Configuration follows
-DESIGN.md §3: JSON only, acks late, reject on worker lost, prefetch 1, task events on,
+docs/pipeline.md: JSON only, acks late, reject on worker lost, prefetch 1, task events on,
 a visibility timeout longer than the longest drain, connection retry on start-up.
 """
 

@@ -33,8 +33,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO / "deploy" / "crds" / "calibantask.yaml"
-SANDBOX_CRD_PATH = REPO / "deploy" / "crds" / "sandbox.yaml"
+# The packaged CRDs (the sources; deploy/crds/ holds identical copies, see test_packaging).
+CRD_PATH = REPO / "orchestrator" / "operator" / "crds" / "calibantask.yaml"
+SANDBOX_CRD_PATH = REPO / "orchestrator" / "devcluster" / "crds" / "sandbox.yaml"
 SAMPLES_DIR = REPO / "deploy" / "samples"
 SAMPLES = sorted(SAMPLES_DIR.glob("*.yaml"))
 
