@@ -26,7 +26,7 @@ from typing import Any
 
 import kopf
 
-from orchestrator.ledger import Ledger, OperationView
+from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationView
 from orchestrator.operator import kube
 from orchestrator.operator.lifecycle import (
     FINALIZER,
@@ -218,7 +218,8 @@ class Reconciler:
             op = await _ledger_call(
                 pipeline.start_resume, app, self.ledger, self.settings,
                 namespace=self.namespace, name=self.name, checkpoint_ref=restore_from.ref,
-                task_uid=self.uid, kind="restore", idempotency_key=f"{self.uid}:restore",
+                task_uid=self.uid, kind=OperationKind.RESTORE,
+                idempotency_key=f"{self.uid}:restore",
             )  # fmt: skip
             self.record_operation(op)
             self.set_status(checkpointRef=restore_from.ref)
@@ -329,7 +330,8 @@ class Reconciler:
         op = await _ledger_call(
             pipeline.start_drain, app, self.ledger, self.settings,
             namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind="pause", reason="pause",
+            grace_secs=spec.drain_grace_secs, kind=OperationKind.PAUSE,
+            reason=CheckpointReason.PAUSE,
             pvc_name=self.pvc_name, idempotency_key=f"{self.uid}:pause:{count}",
         )  # fmt: skip
         self.record_operation(op)
@@ -434,7 +436,8 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             op = await _ledger_call(
                 pipeline.start_drain, app, r.ledger, r.settings,
                 namespace=r.namespace, name=r.name, task_uid=r.uid,
-                grace_secs=spec.drain_grace_secs, kind="delete-drain", reason="delete",
+                grace_secs=spec.drain_grace_secs, kind=OperationKind.DELETE_DRAIN,
+                reason=CheckpointReason.DELETE,
                 pvc_name=r.pvc_name, idempotency_key=key,
             )  # fmt: skip
             r.record_operation(op)
@@ -467,11 +470,12 @@ async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
 async def _force_delete(r: Reconciler, op: OperationView) -> None:
     """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release."""
     forced = await _ledger_call(
-        r.ledger.begin_operation, "force-delete", task_uid=r.uid, namespace=r.namespace,
+        r.ledger.begin_operation, OperationKind.FORCE_DELETE, task_uid=r.uid, namespace=r.namespace,
         name=r.name, idempotency_key=f"{r.uid}:force",
     )  # fmt: skip
     checkpoint = await _ledger_call(
-        r.ledger.record_checkpoint, forced.id, [], reason="forced", pvc_name=r.pvc_name,
+        r.ledger.record_checkpoint, forced.id, [], reason=CheckpointReason.FORCED,
+        pvc_name=r.pvc_name,
         forced=True,
     )  # fmt: skip
     why = op.error or f"drain {op.id} did not finish within drainTimeout"
