@@ -5,6 +5,9 @@ does not), so a new task can be restored from a checkpoint of a deleted one. ``m
 holds the tables, ``repository`` the only code that reads and writes them (``Ledger``,
 returning frozen views), and ``migrate`` runs the Alembic migrations in ``migrations/``.
 SQLite is the embedded default; PostgreSQL serves the dev stack and production.
+
+It takes the daemon's ``ResumeRef`` (``worker_agent.proto``) and nothing else from the
+daemon side; it never imports the pipeline, the operator or the CLI.
 """
 
 from orchestrator.ledger.migrate import current, downgrade, head, upgrade, upgrade_sql
