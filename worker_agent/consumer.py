@@ -48,6 +48,7 @@ from worker_agent.contract import (
     ResumeRequest,
     ResumeResult,
     make_celery,
+    malformed,
     parse_daemon_queue,
 )
 from worker_agent.journal import OperationJournal
@@ -89,15 +90,6 @@ def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
     return SupervisorClient(socket_path=config.socket, timeout=timeout)
 
 
-def _malformed(what: str, exc: ValidationError) -> str:
-    """One line naming each flaw of a payload, for the operation's error."""
-    flaws = "; ".join(
-        f"{'.'.join(str(part) for part in err['loc']) or '(payload)'}: {err['msg']}"
-        for err in exc.errors()
-    )
-    return f"malformed {what}: {flaws}"
-
-
 @app.task(name=DAEMON_DRAIN, bind=True, max_retries=SUPERVISOR_RETRIES)
 def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     """Drain every agent of this pod; answer the refs (the same ones on redelivery).
@@ -108,7 +100,7 @@ def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     try:
         request = DrainRequest.model_validate(payload)
     except ValidationError as exc:
-        reason = _malformed("drain request", exc)
+        reason = malformed("drain request", exc)
         log.error("drain_refused reason=%s", reason)
         return _drain_result(config, str(payload.get("op_id", "")), reason)
     journal = OperationJournal(config.store)
@@ -147,7 +139,7 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     try:
         request = ResumeRequest.model_validate(payload)
     except ValidationError as exc:
-        reason = _malformed("resume request", exc)
+        reason = malformed("resume request", exc)
         log.error("resume_refused reason=%s", reason)
         op_id = str(payload.get("op_id", ""))
         return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from celery import Celery
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker_agent.proto import ResumeRef
@@ -266,6 +266,16 @@ class ActivityReport(Payload):
     agents_live: int = Field(ge=0)
     agents_idle: int = Field(ge=0)
     all_idle_since: float | None
+
+
+def malformed(what: str, exc: ValidationError) -> str:
+    """One line naming each flaw of a received payload, for an operation's error:
+    ``malformed drain result: refs.0.clean: Input should be a valid boolean``."""
+    flaws = "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or '(payload)'}: {err['msg']}"
+        for err in exc.errors()
+    )
+    return f"malformed {what}: {flaws}"
 
 
 JsonObject = dict[str, object]

@@ -36,6 +36,7 @@ from worker_agent.contract import (
     JsonObject,
     Payload,
     ResumeResult,
+    malformed,
 )
 
 log = logging.getLogger(__name__)
@@ -90,21 +91,12 @@ class RecordResumeOutcome(Payload):
     error: str | None = None
 
 
-def _flaws(what: str, exc: ValidationError) -> str:
-    """One line naming each flaw of a received payload, for the operation's error."""
-    flaws = "; ".join(
-        f"{'.'.join(str(part) for part in err['loc']) or '(payload)'}: {err['msg']}"
-        for err in exc.errors()
-    )
-    return f"malformed {what}: {flaws}"
-
-
 def _received(model: type[_M], payload: object, what: str) -> _M | str:
     """``payload`` validated as ``model``, or the reason it is not one."""
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        return _flaws(what, exc)
+        return malformed(what, exc)
 
 
 def _fail(ledger: Ledger, op_id: str, error: str) -> None:
