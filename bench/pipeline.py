@@ -59,10 +59,10 @@ import redis
 import sqlalchemy as sa
 from celery import Celery, chain
 
-from orchestrator.ledger import CheckpointView, Ledger, OperationView
+from orchestrator.ledger import CheckpointReason, CheckpointView, Ledger, OperationView
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.pipeline.app import make_app
-from orchestrator.pipeline.start import TERMINAL, start_drain, start_resume, wait_for_operation
+from orchestrator.pipeline.start import start_drain, start_resume, wait_for_operation
 from orchestrator.settings import Settings
 from worker_agent.client import SupervisorClient
 from worker_agent.proto import AgentRecord, AgentStatus
@@ -535,11 +535,11 @@ class ChainBench:
         started = time.perf_counter()
         op = start_drain(
             self.app, self.ledger, self.settings, namespace=CHAIN_NS, name=CHAIN_NAME,
-            grace_secs=GRACE_SECS, reason="manual",
+            grace_secs=GRACE_SECS, reason=CheckpointReason.MANUAL,
         )  # fmt: skip
         deadline = time.monotonic() + OP_TIMEOUT_SECS
         view = op
-        while view.state not in TERMINAL and time.monotonic() < deadline:
+        while not view.state.terminal and time.monotonic() < deadline:
             time.sleep(OP_POLL_SECS)
             current = self.ledger.get_operation(op.id)
             assert current is not None
@@ -699,7 +699,7 @@ def run_fanout(
         for view in ledger.list_operations(namespace=FANOUT_NS, limit=2 * len(daemons) + 10):
             if view.id in wanted:
                 views[view.id] = view
-        if len(views) == len(wanted) and all(v.state in TERMINAL for v in views.values()):
+        if len(views) == len(wanted) and all(v.state.terminal for v in views.values()):
             break
         if time.monotonic() > deadline:
             break

@@ -12,6 +12,9 @@ credentials and no database URL: the broker is its only way out.
 
 ``drainctl daemon --queue … --broker …`` starts this module as a child process and
 restarts it if it dies; it can also run alone as ``python -m worker_agent.consumer``.
+
+Everything it shares with the orchestrator (names, Celery settings, payload models)
+comes from ``worker_agent.contract``; it never imports ``orchestrator``.
 """
 
 from __future__ import annotations
@@ -27,22 +30,37 @@ from typing import Any
 
 from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
+from pydantic import ValidationError
 
-from orchestrator.pipeline.app import (
+from worker_agent.client import ControlError, SupervisorClient
+from worker_agent.contract import (
     ACTIVITY,
     DAEMON_DRAIN,
     DAEMON_RESUME,
     ORCHESTRATOR_QUEUE,
-    app,
+    ActivityReport,
+    AgentResumeOutcome,
+    BrokerSettings,
+    DrainRequest,
+    DrainResult,
+    JsonObject,
+    ResumeAgent,
+    ResumeRequest,
+    ResumeResult,
+    make_celery,
+    malformed,
+    parse_daemon_queue,
 )
-from orchestrator.settings import get_settings
-from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.journal import OperationJournal
 from worker_agent.proto import AgentRecord, AgentStatus
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_RETRIES = 5
+
+settings = BrokerSettings()
+app = make_celery(settings)
+"""The consumer's own Celery app, configured from the contract like the orchestrator's."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +76,7 @@ class ConsumerConfig:
 
     @classmethod
     def from_env(cls) -> ConsumerConfig:
-        queue = os.environ["DRAIN_CONSUMER_QUEUE"]
-        _, namespace, name = queue.split(".", 2)
+        namespace, name = parse_daemon_queue(os.environ["DRAIN_CONSUMER_QUEUE"])
         return cls(
             socket=Path(os.environ["DRAIN_DAEMON_SOCKET"]),
             store=Path(os.environ["DRAIN_DAEMON_STORE"]),
@@ -74,81 +91,115 @@ def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
 
 
 @app.task(name=DAEMON_DRAIN, bind=True, max_retries=SUPERVISOR_RETRIES)
-def drain(self: Task[Any, Any], op_id: str, grace_secs: float) -> dict[str, Any]:
-    """Drain every agent of this pod; answer the refs (the same ones on redelivery)."""
+def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+    """Drain every agent of this pod; answer the refs (the same ones on redelivery).
+
+    A malformed request is answered with an error result (the operation fails with the
+    reason), never raised: a task that raises on its input would be retried forever."""
     config = ConsumerConfig.from_env()
-    journal = OperationJournal(config.store)
-    if (done := journal.get(op_id, "drain")) is not None:
-        log.info("drain_redelivered op=%s answered_from=journal", op_id)
-        return done
     try:
-        with _client(config, timeout=grace_secs + 120) as client:
-            refs = client.drain(grace_secs)
+        request = DrainRequest.model_validate(payload)
+    except ValidationError as exc:
+        reason = malformed("drain request", exc)
+        log.error("drain_refused reason=%s", reason)
+        return _drain_result(config, str(payload.get("op_id", "")), reason)
+    journal = OperationJournal(config.store)
+    if (done := journal.get(request.op_id, "drain", DrainResult)) is not None:
+        log.info("drain_redelivered op=%s answered_from=journal", request.op_id)
+        return done.model_dump(mode="json")
+    try:
+        with _client(config, timeout=request.grace_secs + 120) as client:
+            refs = client.drain(request.grace_secs)
     except (ConnectionError, OSError, ControlError) as exc:
         if self.request.retries < SUPERVISOR_RETRIES:
             raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
-        return {"op_id": op_id, "refs": [], "error": f"supervisor unreachable: {exc}"}
-    result = {
-        "op_id": op_id,
-        "namespace": config.namespace,
-        "name": config.name,
-        "refs": [ref.model_dump(mode="json") for ref in refs],
-        "error": None,
-    }
-    journal.put(op_id, "drain", result)
+        return _drain_result(config, request.op_id, f"supervisor unreachable: {exc}")
+    result = DrainResult(
+        op_id=request.op_id, namespace=config.namespace, name=config.name, refs=refs, error=None
+    )
+    journal.put(request.op_id, "drain", result)
     log.info(
         "drain_done op=%s task=%s/%s agents=%d unclean=%d",
-        op_id, config.namespace, config.name, len(refs), sum(not r.clean for r in refs),
+        request.op_id, config.namespace, config.name, len(refs), sum(not r.clean for r in refs),
     )  # fmt: skip
-    return result
+    return result.model_dump(mode="json")
+
+
+def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
+    """A drain that did not happen: no refs, and the reason."""
+    return DrainResult(
+        op_id=op_id, namespace=config.namespace, name=config.name, refs=[], error=error
+    ).model_dump(mode="json")
 
 
 @app.task(name=DAEMON_RESUME, bind=True, max_retries=SUPERVISOR_RETRIES)
-def resume(self: Task[Any, Any], op_id: str, agents: list[dict[str, Any]]) -> dict[str, Any]:
+def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     """Resume each agent of a checkpoint (all in the store when it names none); one that
     is already live counts as resumed."""
+    try:
+        request = ResumeRequest.model_validate(payload)
+    except ValidationError as exc:
+        reason = malformed("resume request", exc)
+        log.error("resume_refused reason=%s", reason)
+        op_id = str(payload.get("op_id", ""))
+        return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")
     config = ConsumerConfig.from_env()
     journal = OperationJournal(config.store)
-    if (done := journal.get(op_id, "resume")) is not None:
-        log.info("resume_redelivered op=%s answered_from=journal", op_id)
-        return done
-    results: list[dict[str, Any]] = []
+    if (done := journal.get(request.op_id, "resume", ResumeResult)) is not None:
+        log.info("resume_redelivered op=%s answered_from=journal", request.op_id)
+        return done.model_dump(mode="json")
+    results: list[AgentResumeOutcome] = []
     try:
         with _client(config, timeout=120) as client:
             records = client.agents()
             live = {r.id for r in records if r.status.live}
+            agents = request.agents
             if not agents:
                 # A forced checkpoint names no agents: it is the PVC as it was, so every
                 # agent found in the store is resumed.
-                agents = [{"id": r.id, "session_dir": f"agents/{r.id}"} for r in records]
+                agents = [ResumeAgent(id=r.id, session_dir=f"agents/{r.id}") for r in records]
             for agent in agents:
-                agent_id, session_dir = str(agent.get("id")), str(agent.get("session_dir"))
-                if agent_id in live:
-                    results.append({"id": agent_id, "ok": True, "note": "already running"})
+                if agent.id in live:
+                    results.append(AgentResumeOutcome(id=agent.id, ok=True, note="already running"))
                     continue
                 try:
-                    client.resume(session_dir)
+                    client.resume(agent.session_dir)
                 except ControlError as exc:
-                    results.append({"id": agent_id, "ok": False, "error": exc.body.message})
+                    results.append(
+                        AgentResumeOutcome(id=agent.id, ok=False, error=exc.body.message)
+                    )
                 else:
-                    results.append({"id": agent_id, "ok": True})
+                    results.append(AgentResumeOutcome(id=agent.id, ok=True))
     except (ConnectionError, OSError) as exc:
         if self.request.retries < SUPERVISOR_RETRIES:
             raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
-        return {"op_id": op_id, "results": results, "error": f"supervisor unreachable: {exc}"}
-    result = {"op_id": op_id, "results": results, "error": None}
-    journal.put(op_id, "resume", result)
+        unreachable = ResumeResult(
+            op_id=request.op_id, results=results, error=f"supervisor unreachable: {exc}"
+        )
+        return unreachable.model_dump(mode="json")
+    result = ResumeResult(op_id=request.op_id, results=results, error=None)
+    journal.put(request.op_id, "resume", result)
     log.info(
         "resume_done op=%s ok=%d failed=%d",
-        op_id, sum(r["ok"] for r in results), sum(not r["ok"] for r in results),
+        request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
     )  # fmt: skip
-    return result
+    return result.model_dump(mode="json")
 
 
 # ------------------------------------------------------------------------ heartbeats
 
 
-def summarize(records: list[AgentRecord]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ActivityCounts:
+    """The part of a heartbeat the daemon's agent records decide."""
+
+    agents_total: int
+    agents_live: int
+    agents_idle: int
+    all_idle_since: float | None
+
+
+def summarize(records: list[AgentRecord]) -> ActivityCounts:
     """Counts, and since when every agent has been idle (None while any works).
 
     An agent that is not live (drained, done, …) does no work, so it counts as idle
@@ -161,53 +212,59 @@ def summarize(records: list[AgentRecord]) -> dict[str, Any]:
         moments = [r.idle_since or r.updated_at for r in idle]
         moments += [r.updated_at for r in records if not r.status.live]
         all_idle_since = max(moments)
-    return {
-        "agents_total": len(records),
-        "agents_live": len(live),
-        "agents_idle": len(idle),
-        "all_idle_since": all_idle_since,
-    }
+    return ActivityCounts(
+        agents_total=len(records),
+        agents_live=len(live),
+        agents_idle=len(idle),
+        all_idle_since=all_idle_since,
+    )
 
 
 class Heartbeat(threading.Thread):
+    """Sends an ``ActivityReport`` on every change of the counts, and at least every
+    heartbeat interval, so the orchestrator's idle timing never goes stale."""
+
     def __init__(self, config: ConsumerConfig) -> None:
         super().__init__(name="caliban-heartbeat", daemon=True)
         self.config = config
-        settings = get_settings()
         self.interval = settings.heartbeat_interval_secs
         self.poll = settings.heartbeat_poll_secs
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        last: dict[str, Any] | None = None
+        last: ActivityCounts | None = None
         last_sent = 0.0
         while not self.stopping.wait(self.poll):
             try:
                 with _client(self.config, timeout=10) as client:
-                    summary = summarize(client.agents())
+                    counts = summarize(client.agents())
             except (ConnectionError, OSError) as exc:
                 log.warning("heartbeat_supervisor_unreachable error=%s", exc)
                 continue
-            if summary == last and time.monotonic() - last_sent < self.interval:
+            if counts == last and time.monotonic() - last_sent < self.interval:
                 continue
+            report = ActivityReport(
+                namespace=self.config.namespace,
+                name=self.config.name,
+                task_uid=self.config.task_uid,
+                seq=time.time_ns(),
+                reported_at=time.time(),
+                agents_total=counts.agents_total,
+                agents_live=counts.agents_live,
+                agents_idle=counts.agents_idle,
+                all_idle_since=counts.all_idle_since,
+            )
             try:
                 app.send_task(
                     ACTIVITY,
-                    kwargs={
-                        "namespace": self.config.namespace,
-                        "name": self.config.name,
-                        "task_uid": self.config.task_uid,
-                        "seq": time.time_ns(),
-                        "reported_at": time.time(),
-                        **summary,
-                    },
+                    kwargs=report.model_dump(mode="json"),
                     queue=ORCHESTRATOR_QUEUE,
                     expires=self.interval * 4,
                 )
             except Exception as exc:  # the broker may be restarting; try next poll
                 log.warning("heartbeat_send_failed error=%s", exc)
                 continue
-            last, last_sent = summary, time.monotonic()
+            last, last_sent = counts, time.monotonic()
 
 
 _heartbeat: Heartbeat | None = None

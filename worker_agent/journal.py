@@ -9,37 +9,47 @@ the workspace volume, and a redelivery answers from there.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from worker_agent.contract import OP_ID_PATTERN
 from worker_agent.session import atomic_write
 
-_OP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_OP_ID = re.compile(OP_ID_PATTERN)
 KEEP = 500
 """Entries kept; older ones are pruned (an operation is never redelivered that late)."""
 
+Verb = Literal["drain", "resume"]
+_Result = TypeVar("_Result", bound=BaseModel)
+
 
 class OperationJournal:
+    """``<store>/ops``: one file per completed (operation, verb), written atomically."""
+
     def __init__(self, store: Path) -> None:
         self.directory = store / "ops"
 
-    def _path(self, op_id: str, verb: str) -> Path:
+    def _path(self, op_id: str, verb: Verb) -> Path:
         if not _OP_ID.match(op_id):
             raise ValueError(f"operation id {op_id!r} is not a valid id")
         return self.directory / f"{op_id}.{verb}.json"
 
-    def get(self, op_id: str, verb: str) -> dict[str, Any] | None:
-        try:
-            loaded: dict[str, Any] = json.loads(self._path(op_id, verb).read_bytes())
-        except (FileNotFoundError, ValueError):
-            return None
-        return loaded
+    def get(self, op_id: str, verb: Verb, model: type[_Result]) -> _Result | None:
+        """The result this operation's ``verb`` answered here, or None if it has not run.
 
-    def put(self, op_id: str, verb: str, result: dict[str, Any]) -> None:
+        An entry that does not parse as ``model`` (torn by a crash, written by another
+        version) counts as absent: the verb runs again, which drain and resume allow."""
+        try:
+            return model.model_validate_json(self._path(op_id, verb).read_bytes())
+        except (FileNotFoundError, ValidationError):
+            return None
+
+    def put(self, op_id: str, verb: Verb, result: BaseModel) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self._path(op_id, verb), json.dumps(result).encode())
+        atomic_write(self._path(op_id, verb), result.model_dump_json().encode())
         self._prune()
 
     def _prune(self) -> None:

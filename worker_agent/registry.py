@@ -4,7 +4,9 @@ The registry is the only place an ``AgentRecord`` changes. Every lifecycle trans
 (spawn, exit, kill, crash on reload) is persisted durably, a drain's exits in one sync
 at its end; the frequent ``running`` ⇄ ``idle`` reports and the ``draining`` marker are
 kept in memory only, because a restarted daemon turns every live agent into
-``crashed`` whatever its last report said.
+``crashed`` whatever its last report said. Every change is validated as an
+``AgentRecord`` before it is kept, so no record in memory or on disk is one the
+protocol would refuse.
 """
 
 from __future__ import annotations
@@ -13,11 +15,23 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, Unpack
 
 from worker_agent.process import WorkerProcess
-from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError
+from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, SpawnSpec
 from worker_agent.store import Store
+
+
+class RecordChanges(TypedDict, total=False):
+    """The fields of an ``AgentRecord`` the daemon changes (``updated_at`` is set by
+    ``Registry.update``; ``id``, ``session_dir`` and ``created_at`` never change)."""
+
+    status: AgentStatus
+    spec: SpawnSpec
+    turns: int
+    exit: int | None
+    idle_since: float | None
+    error: str | None
 
 
 @dataclass
@@ -80,11 +94,20 @@ class Registry:
         self._agents.pop(agent_id, None)
 
     def update(
-        self, agent: Agent, *, durable: bool = True, persist: bool = True, **changes: Any
+        self,
+        agent: Agent,
+        *,
+        durable: bool = True,
+        persist: bool = True,
+        **changes: Unpack[RecordChanges],
     ) -> None:
-        """Change a record; ``persist=False`` keeps a volatile change in memory only."""
-        changes["updated_at"] = time.time()
-        agent.record = agent.record.model_copy(update=changes)
+        """Change a record; ``persist=False`` keeps a volatile change in memory only.
+
+        The changed record is validated like any ``AgentRecord`` (``model_copy`` would
+        not): a bad change raises ``ValidationError`` and leaves the record as it was."""
+        agent.record = AgentRecord.model_validate(
+            {**dict(agent.record), **changes, "updated_at": time.time()}
+        )
         if persist:
             self.store.save_manifest(agent.record, durable=durable)
 

@@ -6,8 +6,8 @@ holds the tables, ``repository`` the only code that reads and writes them (``Led
 returning frozen views), and ``migrate`` runs the Alembic migrations in ``migrations/``.
 SQLite is the embedded default; PostgreSQL serves the dev stack and production.
 
-Must never import the operator, the pipeline, the CLI or the embedded Kubernetes API:
-everything that records or reads an operation goes through here, not the other way round.
+It takes the daemon's ``ResumeRef`` (``worker_agent.proto``) and nothing else from the
+daemon side; it never imports the pipeline, the operator, the CLI or the embedded Kubernetes API.
 """
 
 from orchestrator.ledger.migrate import current, downgrade, head, upgrade, upgrade_sql

@@ -52,7 +52,13 @@ class OperationKind(StrEnum):
 
 class OperationState(StrEnum):
     """pending → draining → drained → recorded | forced | failed (drain kinds);
-    pending → resuming → resumed | failed (resume kinds)."""
+    pending → resuming → resumed | failed (resume kinds).
+
+    ``drained`` is entered by the ``record_checkpoint`` task when it receives the
+    daemon's successful drain result, in its own transaction before the checkpoint's:
+    an operation seen in ``drained`` has its agents stopped and checkpointed on the PVC,
+    and only the ledger's record is still to come. A force-delete goes from ``pending``
+    straight to ``forced`` (nothing was drained)."""
 
     PENDING = "pending"
     DRAINING = "draining"
@@ -201,7 +207,8 @@ class Checkpoint(Base):
     pvc_name: Mapped[str | None] = mapped_column(String(NAME_MAX))
     forced: Mapped[bool]
     verified: Mapped[bool]
-    """True when every agent's ref is clean (vacuously so for a daemon with no agents)."""
+    """True when the checkpoint is not forced and every agent's ref is clean (vacuously
+    so for a drained daemon with no agents); a forced checkpoint is never verified."""
     created_at: Mapped[datetime]
 
     agents: Mapped[list[CheckpointAgent]] = relationship(

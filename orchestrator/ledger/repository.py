@@ -14,6 +14,13 @@ constraints (idempotency key, one checkpoint per operation) are the backstop for
 insert that races past a read: the loser's ``IntegrityError`` is answered with the
 winner's row. Input is validated before any transaction opens, so a bad call writes
 nothing.
+
+The API takes the vocabularies only as their enums (``OperationKind``,
+``OperationState``, ``CheckpointReason``; a plain string is refused, and mypy says so
+first) and resume refs only as validated ``worker_agent.proto.ResumeRef`` models: the
+shape of a ref is checked where the drain result is received (``DrainResult``), and
+the ledger checks only what it needs on top (relative, contained session dirs; one
+ref per agent; what fits its columns).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from orchestrator.ledger.models import (
     OperationKind,
     OperationState,
 )
+from worker_agent.proto import ResumeRef
 
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 
@@ -66,9 +74,6 @@ LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 CHECKPOINT_REF_PREFIX = "ckpt-"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-RESUME_REF_KEYS = ("id", "session_dir", "turns", "session_sha256", "clean", "exit")
-"""The keys every ``ResumeRef`` carries (``worker_agent.proto``); ``error`` is optional."""
 
 _E = TypeVar("_E", bound=StrEnum)
 
@@ -134,17 +139,17 @@ class CheckpointAgentView:
     exit: int | None
     error: str | None
 
-    def resume_ref(self) -> dict[str, Any]:
-        """This agent as the daemon's ``ResumeRef`` wire shape."""
-        return {
-            "id": self.agent_id,
-            "session_dir": self.session_dir,
-            "turns": self.turns,
-            "session_sha256": self.session_sha256,
-            "clean": self.clean,
-            "exit": self.exit,
-            "error": self.error,
-        }
+    def resume_ref(self) -> ResumeRef:
+        """This agent as the daemon's ``ResumeRef``."""
+        return ResumeRef(
+            id=self.agent_id,
+            session_dir=self.session_dir,
+            turns=self.turns,
+            session_sha256=self.session_sha256,
+            clean=self.clean,
+            exit=self.exit,
+            error=self.error,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +264,7 @@ class Ledger:
 
     def begin_operation(
         self,
-        kind: OperationKind | str,
+        kind: OperationKind,
         *,
         task_uid: str,
         namespace: str,
@@ -277,7 +282,7 @@ class Ledger:
         now = _now()
         row = Operation(
             id=str(uuid.uuid4()),
-            kind=_parse_enum(OperationKind, kind, "operation kind"),
+            kind=_member(OperationKind, kind, "operation kind"),
             task_uid=_text("task_uid", task_uid, TASK_UID_MAX),
             namespace=_text("namespace", namespace, NAMESPACE_MAX),
             name=_text("name", name, NAME_MAX),
@@ -354,9 +359,9 @@ class Ledger:
     def transition(
         self,
         op_id: str,
-        to_state: OperationState | str,
+        to_state: OperationState,
         *,
-        expect: Sequence[OperationState | str] | None = None,
+        expect: Sequence[OperationState] | None = None,
         error: str | None = None,
         celery_task_ids: Mapping[str, str] | None = None,
         detail: Mapping[str, Any] | None = None,
@@ -368,7 +373,7 @@ class Ledger:
         left. ``recorded`` and ``forced`` are entered only by ``record_checkpoint``.
         Raises ``LedgerConflict`` (nothing written) when the state does not allow it.
         """
-        wanted = _parse_enum(OperationState, to_state, "operation state")
+        wanted = _member(OperationState, to_state, "operation state")
         if wanted in CHECKPOINTED_STATES:
             raise ValueError(
                 f"operation state {wanted.value!r} is entered only by record_checkpoint, which "
@@ -377,7 +382,7 @@ class Ledger:
         expected = (
             None
             if expect is None
-            else frozenset(_parse_enum(OperationState, s, "expected state") for s in expect)
+            else frozenset(_member(OperationState, s, "expected state") for s in expect)
         )
         error = _optional_str("error", error)
         new_ids = None if celery_task_ids is None else _celery_ids(celery_task_ids)
@@ -426,9 +431,9 @@ class Ledger:
     def record_checkpoint(
         self,
         op_id: str,
-        refs: Sequence[Mapping[str, Any]],
+        refs: Sequence[ResumeRef],
         *,
-        reason: CheckpointReason | str,
+        reason: CheckpointReason,
         pvc_name: str | None = None,
         forced: bool = False,
     ) -> CheckpointView:
@@ -440,8 +445,13 @@ class Ledger:
         this call carries: a redelivered task never produces a second. A finished
         operation without one (``failed``), or one that consumes checkpoints (resume,
         restore), is refused with ``LedgerConflict``.
+
+        ``verified`` claims that the daemon drained and checked every agent's session:
+        true when the checkpoint is not forced and every ref is clean (vacuously so for a
+        daemon with no agents: that drain really did verify all of nothing). A forced
+        checkpoint is the PVC as it was, checked by nobody, so it is never verified.
         """
-        why = _parse_enum(CheckpointReason, reason, "checkpoint reason")
+        why = _member(CheckpointReason, reason, "checkpoint reason")
         pvc = None if pvc_name is None else _text("pvc_name", pvc_name, NAME_MAX)
         if not isinstance(forced, bool):
             raise ValueError(f"forced must be a bool, not {forced!r}")
@@ -471,7 +481,7 @@ class Ledger:
                     reason=why,
                     pvc_name=pvc,
                     forced=forced,
-                    verified=all(agent.clean for agent in agents),
+                    verified=not forced and all(agent.clean for agent in agents),
                     created_at=now,
                     agents=[_agent_row(agent) for agent in agents],
                 )
@@ -715,13 +725,17 @@ def _check_same_operation(existing: OperationView, wanted: tuple[str, str, str, 
 # ------------------------------------------------------------------- input validation
 
 
-def _parse_enum(enum: type[_E], value: object, what: str) -> _E:
-    if isinstance(value, str):
-        try:
-            return enum(value)
-        except ValueError:
-            pass
+def _member(enum: type[_E], value: object, what: str) -> _E:
+    """``value`` if it is a member of ``enum``; a plain string is refused even when it
+    spells one, so every caller names the vocabulary it means."""
+    if isinstance(value, enum):
+        return value
     allowed = ", ".join(member.value for member in enum)
+    if isinstance(value, str) and value in {member.value for member in enum}:
+        raise ValueError(
+            f"{what} must be a {enum.__name__}, not the string {value!r} "
+            f"(pass {enum.__name__}.{enum(value).name})"
+        )
     raise ValueError(f"unknown {what} {value!r}; expected one of: {allowed}")
 
 
@@ -811,49 +825,41 @@ def _relative_dir(what: str, value: object) -> str:
     return text
 
 
-def _parse_resume_refs(refs: object) -> list[CheckpointAgentView]:
-    """The daemon's ``ResumeRef`` dicts as agent views, or ``ValueError`` naming the flaw.
+def _parse_resume_refs(refs: Sequence[ResumeRef]) -> list[CheckpointAgentView]:
+    """Validated ``ResumeRef``s as agent views, or ``ValueError`` naming the flaw.
 
-    Unknown keys are ignored, so a newer daemon's richer refs still record.
+    The model has checked the types; this checks what the ledger itself needs: ids and
+    digests that fit their columns, counts that count, session dirs relative to the PVC
+    root (so a checkpoint stays valid wherever the PVC is mounted, and never points out
+    of it), and each agent once.
     """
     if isinstance(refs, str | bytes) or not isinstance(refs, Sequence):
-        raise ValueError(f"refs must be a list of ResumeRef objects, not {type(refs).__name__}")
+        raise ValueError(f"refs must be a list of ResumeRef models, not {type(refs).__name__}")
     agents: list[CheckpointAgentView] = []
     seen: set[str] = set()
     for index, ref in enumerate(refs):
-        if not isinstance(ref, Mapping):
-            raise ValueError(f"resume ref #{index} is a {type(ref).__name__}, not an object")
-        missing = [key for key in RESUME_REF_KEYS if key not in ref]
-        if missing:
+        if not isinstance(ref, ResumeRef):
             raise ValueError(
-                f"resume ref #{index} lacks the key {missing[0]!r}; every resume ref carries "
-                f"{', '.join(RESUME_REF_KEYS)}"
+                f"resume ref #{index} is a {type(ref).__name__}, not a ResumeRef; validate "
+                "the daemon's answer with worker_agent.contract.DrainResult first"
             )
-        agent_id = _text(f"resume ref #{index}: id", ref["id"], AGENT_ID_MAX)
+        agent_id = _text(f"resume ref #{index}: id", ref.id, AGENT_ID_MAX)
         where = f"resume ref of agent {agent_id!r}"
         if agent_id in seen:
             raise ValueError(f"{where} appears twice; a checkpoint holds each agent once")
         seen.add(agent_id)
-        sha256 = ref["session_sha256"]
-        if sha256 is not None and (not isinstance(sha256, str) or not _SHA256_HEX.match(sha256)):
+        sha256 = ref.session_sha256
+        if sha256 is not None and not _SHA256_HEX.match(sha256):
             raise ValueError(f"{where}: session_sha256 must be 64 lower-case hex digits or null")
-        clean = ref["clean"]
-        if not isinstance(clean, bool):
-            raise ValueError(f"{where}: clean must be true or false, not {clean!r}")
-        exit_code = ref["exit"]
-        if exit_code is not None and (
-            not isinstance(exit_code, int) or isinstance(exit_code, bool)
-        ):
-            raise ValueError(f"{where}: exit must be an integer or null, not {exit_code!r}")
         agents.append(
             CheckpointAgentView(
                 agent_id=agent_id,
-                session_dir=_relative_dir(f"{where}: session_dir", ref["session_dir"]),
-                turns=_count(f"{where}: turns", ref["turns"]),
+                session_dir=_relative_dir(f"{where}: session_dir", ref.session_dir),
+                turns=_count(f"{where}: turns", ref.turns),
                 session_sha256=sha256,
-                clean=clean,
-                exit=exit_code,
-                error=_optional_str(f"{where}: error", ref.get("error")),
+                clean=ref.clean,
+                exit=ref.exit,
+                error=ref.error,
             )
         )
     return agents

@@ -15,18 +15,27 @@ from datetime import UTC, datetime, timedelta
 
 from celery import Celery, chain
 
-from orchestrator.ledger import Ledger, LedgerConflict, OperationView
-from orchestrator.pipeline.app import (
+from orchestrator.ledger import (
+    CheckpointReason,
+    Ledger,
+    LedgerConflict,
+    OperationKind,
+    OperationState,
+    OperationView,
+)
+from orchestrator.pipeline.tasks import RecordCheckpointArgs, RecordResumeArgs
+from orchestrator.settings import Settings
+from worker_agent.contract import (
     DAEMON_DRAIN,
     DAEMON_RESUME,
     ORCHESTRATOR_QUEUE,
     RECORD_CHECKPOINT,
     RECORD_RESUME,
+    DrainRequest,
+    ResumeAgent,
+    ResumeRequest,
     daemon_queue,
 )
-from orchestrator.settings import Settings
-
-TERMINAL = frozenset({"recorded", "forced", "failed", "resumed"})
 
 
 def start_drain(
@@ -38,8 +47,8 @@ def start_drain(
     name: str,
     task_uid: str | None = None,
     grace_secs: float | None = None,
-    kind: str = "drain",
-    reason: str = "manual",
+    kind: OperationKind = OperationKind.DRAIN,
+    reason: CheckpointReason = CheckpointReason.MANUAL,
     pvc_name: str | None = None,
     idempotency_key: str | None = None,
 ) -> OperationView:
@@ -51,22 +60,27 @@ def start_drain(
         within_secs=settings.drain_expires_secs + grace + settings.record_deadline_secs,
         grace_secs=grace,
     )  # fmt: skip
-    if op.state != "pending":
+    if op.state is not OperationState.PENDING:
         return op  # already started by an earlier call with the same key
     drain = app.signature(
         DAEMON_DRAIN,
-        kwargs={"op_id": op.id, "grace_secs": grace},
+        kwargs=DrainRequest(op_id=op.id, grace_secs=grace).model_dump(mode="json"),
         queue=queue,
         expires=settings.drain_expires_secs,
     ).set(task_id=f"{op.id}.drain")
     record = app.signature(
         RECORD_CHECKPOINT,
-        kwargs={"op_id": op.id, "reason": reason, "pvc_name": pvc_name},
+        kwargs=RecordCheckpointArgs(op_id=op.id, reason=reason, pvc_name=pvc_name).model_dump(
+            mode="json"
+        ),
         queue=ORCHESTRATOR_QUEUE,
     ).set(task_id=f"{op.id}.record")
     chain(drain, record).apply_async()
     return _advance(
-        ledger, op, "draining", {"drain": f"{op.id}.drain", "record": f"{op.id}.record"}
+        ledger,
+        op,
+        OperationState.DRAINING,
+        {"drain": f"{op.id}.drain", "record": f"{op.id}.record"},
     )
 
 
@@ -79,7 +93,7 @@ def start_resume(
     name: str,
     checkpoint_ref: str | None,
     task_uid: str | None = None,
-    kind: str = "resume",
+    kind: OperationKind = OperationKind.RESUME,
     idempotency_key: str | None = None,
 ) -> OperationView:
     """Enqueue resume (daemon queue; waits there for the pod) → record_resume.
@@ -92,36 +106,41 @@ def start_resume(
         within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
         checkpoint_ref=checkpoint_ref,
     )  # fmt: skip
-    if op.state != "pending":
+    if op.state is not OperationState.PENDING:
         return op
-    agents: list[dict[str, str]] = []
+    agents: list[ResumeAgent] = []
     if checkpoint_ref is not None:
         checkpoint = ledger.get_checkpoint(checkpoint_ref)
         if checkpoint is None:
             return ledger.transition(
                 op.id,
-                "failed",
+                OperationState.FAILED,
                 error=f"unknown checkpoint ref {checkpoint_ref!r}: not in the ledger",
             )
-        agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
+        agents = [ResumeAgent(id=a.agent_id, session_dir=a.session_dir) for a in checkpoint.agents]
     resume = app.signature(
         DAEMON_RESUME,
-        kwargs={"op_id": op.id, "agents": agents},
+        kwargs=ResumeRequest(op_id=op.id, agents=agents).model_dump(mode="json"),
         queue=queue,
         expires=settings.resume_expires_secs,
     ).set(task_id=f"{op.id}.resume")
-    record = app.signature(RECORD_RESUME, kwargs={"op_id": op.id}, queue=ORCHESTRATOR_QUEUE).set(
-        task_id=f"{op.id}.record"
-    )
+    record = app.signature(
+        RECORD_RESUME,
+        kwargs=RecordResumeArgs(op_id=op.id).model_dump(mode="json"),
+        queue=ORCHESTRATOR_QUEUE,
+    ).set(task_id=f"{op.id}.record")
     chain(resume, record).apply_async()
     return _advance(
-        ledger, op, "resuming", {"resume": f"{op.id}.resume", "record": f"{op.id}.record"}
+        ledger,
+        op,
+        OperationState.RESUMING,
+        {"resume": f"{op.id}.resume", "record": f"{op.id}.record"},
     )
 
 
 def _begin(
     ledger: Ledger,
-    kind: str,
+    kind: OperationKind,
     namespace: str,
     name: str,
     task_uid: str | None,
@@ -145,10 +164,12 @@ def _begin(
 
 
 def _advance(
-    ledger: Ledger, op: OperationView, state: str, celery_ids: dict[str, str]
+    ledger: Ledger, op: OperationView, state: OperationState, celery_ids: dict[str, str]
 ) -> OperationView:
     try:
-        return ledger.transition(op.id, state, expect=("pending",), celery_task_ids=celery_ids)
+        return ledger.transition(
+            op.id, state, expect=(OperationState.PENDING,), celery_task_ids=celery_ids
+        )
     except LedgerConflict:
         # The chain already finished (or the sweeper failed it): the row is further on.
         current = ledger.get_operation(op.id)
@@ -164,7 +185,7 @@ def wait_for_operation(ledger: Ledger, op_id: str, timeout: float) -> OperationV
         op = ledger.get_operation(op_id)
         if op is None:
             raise LookupError(f"operation {op_id} is not in the ledger")
-        if op.state in TERMINAL or time.monotonic() > deadline:
+        if op.state.terminal or time.monotonic() > deadline:
             return op
         time.sleep(interval)
         interval = min(interval * 1.5, 0.2)

@@ -10,20 +10,38 @@ either records a whole checkpoint or nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Task
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from orchestrator.ledger import Ledger, LedgerConflict
+from orchestrator.ledger import (
+    CheckpointReason,
+    Ledger,
+    LedgerConflict,
+    OperationState,
+    OperationView,
+)
 from orchestrator.pipeline.app import ACTIVITY, RECORD_CHECKPOINT, RECORD_RESUME, app
 from orchestrator.settings import get_settings
+from worker_agent.contract import (
+    ActivityReport,
+    DrainResult,
+    JsonObject,
+    Payload,
+    ResumeResult,
+    malformed,
+)
 
 log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
 
 DB_ERRORS = (OperationalError, DBAPIError)
 DB_MAX_RETRIES = 60
@@ -36,6 +54,62 @@ def get_ledger() -> Ledger:
     return Ledger.from_url(get_settings().database_url)
 
 
+# ------------------------------------------------------------- orchestrator payloads
+
+
+class RecordCheckpointArgs(Payload):
+    """kwargs of ``record_checkpoint`` (sent by ``pipeline.start``; the drain result
+    comes first, as the chain's argument)."""
+
+    model_config = ConfigDict(strict=False)  # the reason arrives as its JSON string
+    op_id: str = Field(min_length=1)
+    reason: CheckpointReason
+    pvc_name: str | None = None
+
+
+class RecordResumeArgs(Payload):
+    """kwargs of ``record_resume``."""
+
+    op_id: str = Field(min_length=1)
+
+
+class RecordCheckpointOutcome(Payload):
+    """What ``record_checkpoint`` answers (Flower and ``AsyncResult`` show it)."""
+
+    op_id: str
+    checkpoint_ref: str | None
+    agents: int | None = None
+    error: str | None = None
+
+
+class RecordResumeOutcome(Payload):
+    """What ``record_resume`` answers."""
+
+    op_id: str
+    state: OperationState | None
+    failed: int | None = None
+    error: str | None = None
+
+
+def _received(model: type[_M], payload: object, what: str) -> _M | str:
+    """``payload`` validated as ``model``, or the reason it is not one."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        return malformed(what, exc)
+
+
+def _fail(ledger: Ledger, op_id: str, error: str) -> None:
+    """Fail the operation with ``error`` unless it has finished already."""
+    try:
+        ledger.transition(op_id, OperationState.FAILED, error=error)
+    except LedgerConflict as exc:
+        log.warning("failure_after_terminal op=%s detail=%s", op_id, exc)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
 @app.task(
     name=RECORD_CHECKPOINT,
     bind=True,
@@ -46,33 +120,59 @@ def get_ledger() -> Ledger:
     max_retries=DB_MAX_RETRIES,
 )
 def record_checkpoint(
-    self: Task[Any, Any],
-    drain_result: dict[str, Any],
-    op_id: str,
-    reason: str,
-    pvc_name: str | None = None,
-) -> dict[str, Any]:
-    """Write the drained refs as one checkpoint and mark the operation recorded."""
+    self: Task[Any, Any], /, drain_result: object, **kwargs: object
+) -> JsonObject:
+    """Write the drained refs as one checkpoint and mark the operation recorded.
+
+    Both inputs are validated here, where they are received: a malformed drain result
+    fails the operation with the reason (never a crash loop); malformed kwargs, which
+    only a mismatched orchestrator sends, are logged and dropped (there may be no
+    operation id to fail)."""
+    args = _received(RecordCheckpointArgs, kwargs, "record_checkpoint kwargs")
+    if isinstance(args, str):
+        log.error("record_checkpoint_refused reason=%s", args)
+        return RecordCheckpointOutcome(
+            op_id=str(kwargs.get("op_id", "")), checkpoint_ref=None, error=args
+        ).model_dump(mode="json")
     ledger = get_ledger()
-    error = drain_result.get("error")
-    if error:
-        try:
-            ledger.transition(op_id, "failed", error=f"drain failed: {error}")
-        except LedgerConflict as exc:
-            log.warning("drain_failure_after_terminal op=%s detail=%s", op_id, exc)
-        return {"op_id": op_id, "checkpoint_ref": None, "error": error}
+    result = _received(DrainResult, drain_result, "drain result from the daemon")
+    error = result if isinstance(result, str) else result.error
+    if error is not None:
+        _fail(ledger, args.op_id, f"drain failed: {error}")
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=error
+        ).model_dump(mode="json")
+    assert not isinstance(result, str)
+    # The daemon has drained: say so before recording. A conflict means drained already
+    # (a redelivery) or finished; ledger.record_checkpoint decides what that answers.
+    with contextlib.suppress(LedgerConflict):
+        ledger.transition(
+            args.op_id,
+            OperationState.DRAINED,
+            expect=(OperationState.PENDING, OperationState.DRAINING),
+        )
     try:
         checkpoint = ledger.record_checkpoint(
-            op_id, drain_result.get("refs", []), reason=reason, pvc_name=pvc_name
+            args.op_id, result.refs, reason=args.reason, pvc_name=args.pvc_name
         )
+    except ValueError as exc:
+        # Refs the model accepted but the ledger cannot hold (a session dir outside the PVC).
+        _fail(ledger, args.op_id, f"drain result not recordable: {exc}")
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=str(exc)
+        ).model_dump(mode="json")
     except LedgerConflict as exc:
-        log.warning("checkpoint_not_recorded op=%s reason=%s", op_id, exc)
-        return {"op_id": op_id, "checkpoint_ref": None, "error": str(exc)}
+        log.warning("checkpoint_not_recorded op=%s reason=%s", args.op_id, exc)
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=str(exc)
+        ).model_dump(mode="json")
     log.info(
         "checkpoint_recorded op=%s ref=%s agents=%d verified=%s",
-        op_id, checkpoint.ref, len(checkpoint.agents), checkpoint.verified,
+        args.op_id, checkpoint.ref, len(checkpoint.agents), checkpoint.verified,
     )  # fmt: skip
-    return {"op_id": op_id, "checkpoint_ref": checkpoint.ref, "agents": len(checkpoint.agents)}
+    return RecordCheckpointOutcome(
+        op_id=args.op_id, checkpoint_ref=checkpoint.ref, agents=len(checkpoint.agents)
+    ).model_dump(mode="json")
 
 
 @app.task(
@@ -84,27 +184,40 @@ def record_checkpoint(
     retry_jitter=False,
     max_retries=DB_MAX_RETRIES,
 )
-def record_resume(
-    self: Task[Any, Any], resume_result: dict[str, Any], op_id: str
-) -> dict[str, Any]:
+def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: object) -> JsonObject:
     """Close a resume operation: ``resumed`` if any agent came back, else ``failed``."""
+    args = _received(RecordResumeArgs, kwargs, "record_resume kwargs")
+    if isinstance(args, str):
+        log.error("record_resume_refused reason=%s", args)
+        return RecordResumeOutcome(
+            op_id=str(kwargs.get("op_id", "")), state=None, error=args
+        ).model_dump(mode="json")
     ledger = get_ledger()
-    results: list[dict[str, Any]] = resume_result.get("results", [])
-    failures = [r for r in results if not r.get("ok")]
-    error = resume_result.get("error")
-    summary = "; ".join(f"{r.get('id')}: {r.get('error')}" for r in failures) or None
-    if error:
-        summary = f"{error}; {summary}" if summary else error
+    result = _received(ResumeResult, resume_result, "resume result from the daemon")
+    if isinstance(result, str):
+        _fail(ledger, args.op_id, result)
+        return RecordResumeOutcome(op_id=args.op_id, state=None, error=result).model_dump(
+            mode="json"
+        )
+    failures = [r for r in result.results if not r.ok]
+    summary = "; ".join(f"{r.id}: {r.error}" for r in failures) or None
+    if result.error:
+        summary = f"{result.error}; {summary}" if summary else result.error
     # Resumed if the daemon answered and at least one agent (or the empty set) came back.
-    every_agent_failed = bool(results) and len(failures) == len(results)
-    state = "failed" if error or every_agent_failed else "resumed"
+    every_agent_failed = bool(result.results) and len(failures) == len(result.results)
+    state = OperationState.FAILED if result.error or every_agent_failed else OperationState.RESUMED
+    detail = {"results": [r.model_dump(mode="json") for r in result.results]}
     try:
-        view = ledger.transition(op_id, state, detail={"results": results}, error=summary)
+        view = ledger.transition(args.op_id, state, detail=detail, error=summary)
     except LedgerConflict as exc:
-        log.warning("resume_not_recorded op=%s reason=%s", op_id, exc)
-        return {"op_id": op_id, "state": None, "error": str(exc)}
-    log.info("resume_recorded op=%s state=%s failed=%d", op_id, view.state, len(failures))
-    return {"op_id": op_id, "state": view.state, "failed": len(failures)}
+        log.warning("resume_not_recorded op=%s reason=%s", args.op_id, exc)
+        return RecordResumeOutcome(op_id=args.op_id, state=None, error=str(exc)).model_dump(
+            mode="json"
+        )
+    log.info("resume_recorded op=%s state=%s failed=%d", args.op_id, view.state, len(failures))
+    return RecordResumeOutcome(op_id=args.op_id, state=view.state, failed=len(failures)).model_dump(
+        mode="json"
+    )
 
 
 @app.task(
@@ -116,29 +229,28 @@ def record_resume(
     retry_jitter=False,
     max_retries=DB_MAX_RETRIES,
 )
-def activity(
-    namespace: str,
-    name: str,
-    task_uid: str | None,
-    seq: int,
-    reported_at: float,
-    agents_total: int,
-    agents_live: int,
-    agents_idle: int,
-    all_idle_since: float | None,
-) -> None:
-    """Keep the latest heartbeat per daemon (an older one never overwrites a newer)."""
-    get_ledger().record_activity(
-        namespace,
-        name,
-        task_uid=task_uid,
-        all_idle_since=_utc(all_idle_since),
-        agents_total=agents_total,
-        agents_live=agents_live,
-        agents_idle=agents_idle,
-        seq=seq,
-        reported_at=_utc(reported_at) or datetime.now(UTC),
-    )
+def activity(**kwargs: object) -> None:
+    """Keep the latest heartbeat per daemon (an older one never overwrites a newer).
+
+    A malformed heartbeat is logged and dropped: the next one replaces it."""
+    report = _received(ActivityReport, kwargs, "activity heartbeat")
+    if isinstance(report, str):
+        log.error("activity_refused reason=%s", report)
+        return
+    try:
+        get_ledger().record_activity(
+            report.namespace,
+            report.name,
+            task_uid=report.task_uid,
+            all_idle_since=_utc(report.all_idle_since),
+            agents_total=report.agents_total,
+            agents_live=report.agents_live,
+            agents_idle=report.agents_idle,
+            seq=report.seq,
+            reported_at=_utc(report.reported_at) or datetime.now(UTC),
+        )
+    except ValueError as exc:  # counts that contradict each other, names too long
+        log.error("activity_refused task=%s/%s reason=%s", report.namespace, report.name, exc)
 
 
 def _utc(ts: float | None) -> datetime | None:
@@ -167,14 +279,22 @@ class DeadlineSweeper(threading.Thread):
 def sweep_overdue(ledger: Ledger, now: datetime | None = None) -> list[str]:
     failed = []
     for op in ledger.overdue_operations(now or datetime.now(UTC)):
-        reason = (
-            f"deadline passed in state {op.state}: the daemon of {op.namespace}/{op.name} did "
-            "not answer (its message expires unrun) or the broker lost the chain"
-        )
-        view = ledger.expire_operation(op.id, reason)
-        if view.state == "failed":
+        view = ledger.expire_operation(op.id, _overdue_reason(op))
+        if view.state is OperationState.FAILED:
             failed.append(op.id)
             log.warning(
                 "operation_expired op=%s kind=%s task=%s/%s", op.id, op.kind, op.namespace, op.name
             )
     return failed
+
+
+def _overdue_reason(op: OperationView) -> str:
+    if op.state is OperationState.DRAINED:
+        return (
+            f"deadline passed in state drained: the daemon of {op.namespace}/{op.name} "
+            "drained its agents but the checkpoint was not recorded in time"
+        )
+    return (
+        f"deadline passed in state {op.state}: the daemon of {op.namespace}/{op.name} did "
+        "not answer (its message expires unrun) or the broker lost the chain"
+    )

@@ -19,10 +19,11 @@ import pytest
 import yaml
 
 from orchestrator.cli import ExitCode, main
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState
 from tests.integration.cli_support import drainctl
 from tests.pipeline_support import Stack, free_port, fresh_sqlite, redis_db_url
 from tests.support import DaemonProcess, wait_until
+from worker_agent.proto import ResumeRef
 
 SHA = "ab" * 32
 
@@ -41,16 +42,18 @@ def ledger_with_checkpoints(tmp_path: Path) -> tuple[str, str, str]:
     url = fresh_sqlite(tmp_path)
     ledger = Ledger.from_url(url)
     refs = []
-    for key, forced, agents in [
-        ("drained", False, [{"id": "agent-1", "session_dir": "agents/agent-1", "turns": 3,
-                             "session_sha256": SHA, "clean": True, "exit": 0}]),
-        ("forced", True, []),
-    ]:  # fmt: skip
+    drained_agent = ResumeRef(
+        id="agent-1", session_dir="agents/agent-1", turns=3, session_sha256=SHA, clean=True,
+        exit=0,
+    )  # fmt: skip
+    for key, forced, agents in [("drained", False, [drained_agent]), ("forced", True, [])]:
         op = ledger.begin_operation(
-            "drain", task_uid="ns/t", namespace="ns", name="t", idempotency_key=key
+            OperationKind.DRAIN, task_uid="ns/t", namespace="ns", name="t", idempotency_key=key
         )
-        ledger.transition(op.id, "draining")
-        checkpoint = ledger.record_checkpoint(op.id, agents, reason="manual", forced=forced)
+        ledger.transition(op.id, OperationState.DRAINING)
+        checkpoint = ledger.record_checkpoint(
+            op.id, agents, reason=CheckpointReason.MANUAL, forced=forced
+        )
         refs.append(checkpoint.ref)
     ledger.dispose()
     return url, refs[0], refs[1]

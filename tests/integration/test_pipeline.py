@@ -176,16 +176,17 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     ref = stack.drainctl("drain", "team-a/task-3", "--wait", "--timeout", "90").stdout.strip()
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None
-    from orchestrator.pipeline.app import DAEMON_RESUME, make_app
+    from orchestrator.pipeline.app import make_app
     from orchestrator.settings import Settings
+    from worker_agent.contract import DAEMON_RESUME, ResumeAgent, ResumeRequest, ResumeResult
 
     app = make_app(Settings(broker_url=stack.env["DRAIN_BROKER_URL"]))
-    agents = [{"id": a.agent_id, "session_dir": a.session_dir} for a in checkpoint.agents]
-    first = app.send_task(DAEMON_RESUME, kwargs={"op_id": "op-redelivered", "agents": agents},
-                          queue="caliband.team-a.task-3")  # fmt: skip
-    outcome = first.get(timeout=60)
-    assert outcome["error"] is None
-    assert [r["ok"] for r in outcome["results"]] == [True, True], outcome
+    agents = [ResumeAgent(id=a.agent_id, session_dir=a.session_dir) for a in checkpoint.agents]
+    request = ResumeRequest(op_id="op-redelivered", agents=agents).model_dump(mode="json")
+    first = app.send_task(DAEMON_RESUME, kwargs=request, queue="caliband.team-a.task-3")
+    outcome = ResumeResult.model_validate(first.get(timeout=60))
+    assert outcome.error is None
+    assert [r.ok for r in outcome.results] == [True, True], outcome
     wait_until(
         lambda: all(
             r.turns > a.turns for a in checkpoint.agents for r in [daemon.records()[a.agent_id]]
@@ -195,8 +196,7 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     )
     with daemon.client() as client:
         client.drain(grace_secs=10)  # the agents stop again; a second resume must not wake them
-    second = app.send_task(DAEMON_RESUME, kwargs={"op_id": "op-redelivered", "agents": agents},
-                           queue="caliband.team-a.task-3")  # fmt: skip
+    second = app.send_task(DAEMON_RESUME, kwargs=request, queue="caliband.team-a.task-3")
     assert second.get(timeout=60) == first.get(timeout=1)
     records = daemon.records()
     assert {records[i].status.value for i in ids} == {"drained"}

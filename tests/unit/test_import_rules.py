@@ -61,14 +61,7 @@ DEVCLUSTER_USERS = (
 )
 """The only modules (and packages) that may import ``orchestrator.devcluster``."""
 
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # removed when worker_agent.contract lands: the consumer still reads the queue and
-        # task names and the Celery app from the orchestrator.
-        ("worker_agent.consumer", "orchestrator.pipeline.app"),
-        ("worker_agent.consumer", "orchestrator.settings"),
-    }
-)
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 """(importer, imported) edges that break a rule today and are tolerated, each with why.
 An entry that no longer matches an edge fails the test, so the list only shrinks."""
 

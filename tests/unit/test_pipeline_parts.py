@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipeline.app import TaskNameError, daemon_queue, parse_task_ref
-from worker_agent.consumer import summarize
+from worker_agent.consumer import ActivityCounts, summarize
+from worker_agent.contract import TaskNameError, daemon_queue, parse_task_ref
 from worker_agent.proto import AgentRecord, AgentStatus, SpawnSpec
 
 
@@ -42,9 +42,9 @@ def test_all_idle_since_is_the_last_agent_to_go_idle() -> None:
         record("b", AgentStatus.IDLE, 150.0, 150.0),
         record("c", AgentStatus.DONE, None, 120.0),
     ]
-    assert summarize(records) == {
-        "agents_total": 3, "agents_live": 2, "agents_idle": 2, "all_idle_since": 150.0,
-    }  # fmt: skip
+    assert summarize(records) == ActivityCounts(
+        agents_total=3, agents_live=2, agents_idle=2, all_idle_since=150.0,
+    )  # fmt: skip
 
 
 def test_one_working_agent_means_not_idle() -> None:
@@ -52,8 +52,8 @@ def test_one_working_agent_means_not_idle() -> None:
         record("a", AgentStatus.IDLE, 100.0, 100.0),
         record("b", AgentStatus.RUNNING, None, 150.0),
     ]
-    assert summarize(records)["all_idle_since"] is None
+    assert summarize(records).all_idle_since is None
 
 
 def test_no_agents_is_not_idle() -> None:
-    assert summarize([])["all_idle_since"] is None
+    assert summarize([]).all_idle_since is None

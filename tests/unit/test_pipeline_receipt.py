@@ -1,0 +1,192 @@
+"""Payloads are validated where they are received: the orchestrator's tasks fail the
+operation with a clear reason for a malformed drain or resume result (never a crash
+loop), drop a malformed heartbeat, and move a drained operation through ``drained``.
+
+The tasks run in this process (a Celery task called directly runs its body) against a
+real SQLite ledger, configured the way ``drainctl worker`` is: ``DRAIN_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
+from orchestrator.pipeline import tasks
+from orchestrator.settings import get_settings
+
+SHA = "cd" * 32
+REF = {"id": "agent-a", "session_dir": "agents/agent-a", "turns": 2, "session_sha256": SHA,
+       "clean": True, "exit": 0, "error": None}  # fmt: skip
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    monkeypatch.setenv("DRAIN_DATABASE_URL", url)
+    get_settings.cache_clear()
+    tasks.get_ledger.cache_clear()
+    yield tasks.get_ledger()
+    tasks.get_ledger().dispose()
+    get_settings.cache_clear()
+    tasks.get_ledger.cache_clear()
+
+
+def begin(ledger: Ledger, kind: OperationKind = OperationKind.DELETE_DRAIN) -> str:
+    op = ledger.begin_operation(
+        kind, task_uid="uid-1", namespace="team-a", name="task-1", idempotency_key=f"k-{kind}"
+    )
+    return ledger.transition(
+        op.id, OperationState.RESUMING if kind is OperationKind.RESUME else OperationState.DRAINING
+    ).id
+
+
+def drain_result(op_id: str, **changes: object) -> dict[str, object]:
+    return {"op_id": op_id, "namespace": "team-a", "name": "task-1", "refs": [REF],
+            "error": None, **changes}  # fmt: skip
+
+
+def test_a_drain_result_records_the_checkpoint(ledger: Ledger) -> None:
+    op_id = begin(ledger)
+
+    outcome = tasks.record_checkpoint(drain_result(op_id), op_id=op_id, reason="delete")
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.RECORDED
+    assert outcome == {"op_id": op_id, "checkpoint_ref": op.checkpoint_ref, "agents": 1,
+                       "error": None}  # fmt: skip
+    checkpoint = ledger.get_checkpoint(str(op.checkpoint_ref))
+    assert checkpoint is not None and checkpoint.reason is CheckpointReason.DELETE
+    assert [a.resume_ref().model_dump(mode="json") for a in checkpoint.agents] == [REF]
+
+
+@pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        ("not an object", "drain failed: malformed drain result from the daemon: (payload):"),
+        (
+            {"refs": [{**REF, "clean": "yes"}]},
+            "drain failed: malformed drain result from the daemon: refs.0.clean: Input should "
+            "be a valid boolean",
+        ),
+        (
+            {"refs": [{k: v for k, v in REF.items() if k != "turns"}]},
+            "drain failed: malformed drain result from the daemon: refs.0.turns: Field required",
+        ),
+        ({"error": "supervisor unreachable: refused"}, "drain failed: supervisor unreachable"),
+        (
+            {"refs": [{**REF, "session_dir": "/etc"}]},
+            "drain result not recordable: resume ref of agent 'agent-a': session_dir '/etc' "
+            "must be relative to the PVC root",
+        ),
+    ],
+    ids=["not-an-object", "wrong-type", "missing-key", "daemon-error", "outside-the-pvc"],
+)
+def test_a_bad_drain_result_fails_the_operation_with_the_reason(
+    ledger: Ledger, result: object, reason: str
+) -> None:
+    op_id = begin(ledger)
+    received = drain_result(op_id, **result) if isinstance(result, dict) else result
+
+    outcome = tasks.record_checkpoint(received, op_id=op_id, reason="delete")
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.FAILED
+    assert op.error is not None and op.error.startswith(reason), op.error
+    assert outcome["checkpoint_ref"] is None and outcome["error"]
+    assert ledger.list_checkpoints() == []
+
+
+def test_malformed_record_checkpoint_kwargs_are_answered_not_raised(ledger: Ledger) -> None:
+    op_id = begin(ledger)
+
+    outcome = tasks.record_checkpoint(drain_result(op_id), op_id=op_id, reason="whim")
+
+    assert outcome["checkpoint_ref"] is None
+    assert "malformed record_checkpoint kwargs: reason" in str(outcome["error"])
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.DRAINING  # left for the sweeper
+
+
+def test_a_malformed_resume_result_fails_the_resume(ledger: Ledger) -> None:
+    op_id = begin(ledger, OperationKind.RESUME)
+
+    tasks.record_resume({"op_id": op_id, "results": [{"id": "a"}], "error": None}, op_id=op_id)
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.FAILED
+    assert op.error == ("malformed resume result from the daemon: results.0.ok: Field required")
+
+
+def test_a_resume_result_keeps_each_outcome_in_the_wire_shape(ledger: Ledger) -> None:
+    op_id = begin(ledger, OperationKind.RESUME)
+    results = [{"id": "a", "ok": True}, {"id": "b", "ok": False, "error": "gone"}]
+
+    tasks.record_resume({"op_id": op_id, "results": results, "error": None}, op_id=op_id)
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.RESUMED
+    assert op.detail == {"results": results} and op.error == "b: gone"
+
+
+def test_a_malformed_heartbeat_is_dropped_and_a_good_one_kept(ledger: Ledger) -> None:
+    beat = {"namespace": "team-a", "name": "task-1", "task_uid": None, "seq": 5,
+            "reported_at": 1700000000.0, "agents_total": 2, "agents_live": 2,
+            "agents_idle": 2, "all_idle_since": 1700000000.0}  # fmt: skip
+
+    tasks.activity(**{**beat, "agents_idle": "2"})
+    tasks.activity(**{**beat, "agents_idle": 3})  # more idle than live
+    assert ledger.get_activity("team-a", "task-1") is None
+
+    tasks.activity(**beat)
+    kept = ledger.get_activity("team-a", "task-1")
+    assert kept is not None and (kept.seq, kept.agents_idle) == (5, 2)
+
+
+def test_a_drained_operation_past_its_deadline_says_the_record_was_late(ledger: Ledger) -> None:
+    op = ledger.begin_operation(
+        OperationKind.PAUSE, task_uid="u", namespace="team-a", name="task-1",
+        idempotency_key="late", deadline_at=datetime.now(UTC) - timedelta(seconds=1),
+    )  # fmt: skip
+    ledger.transition(op.id, OperationState.DRAINED)
+
+    assert tasks.sweep_overdue(ledger) == [op.id]
+
+    failed = ledger.get_operation(op.id)
+    assert failed is not None and failed.error is not None
+    assert "drained its agents but the checkpoint was not recorded in time" in failed.error
+
+
+def test_the_consumer_answers_a_malformed_drain_request_with_an_error_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker_agent import consumer
+
+    monkeypatch.setenv("DRAIN_CONSUMER_QUEUE", "caliband.team-a.task-1")
+    monkeypatch.setenv("DRAIN_DAEMON_SOCKET", str(tmp_path / "absent.sock"))
+    monkeypatch.setenv("DRAIN_DAEMON_STORE", str(tmp_path))
+
+    answer = consumer.drain(op_id="op-1", grace_secs="soon")
+
+    assert answer == {
+        "op_id": "op-1", "namespace": "team-a", "name": "task-1", "refs": [],
+        "error": "malformed drain request: grace_secs: Input should be a valid number",
+    }  # fmt: skip
+    assert not (tmp_path / "ops").exists()  # nothing journaled: nothing was drained
+
+
+def test_a_torn_journal_entry_counts_as_absent(tmp_path: Path) -> None:
+    from worker_agent.contract import DrainResult
+    from worker_agent.journal import OperationJournal
+
+    journal = OperationJournal(tmp_path)
+    result = DrainResult(op_id="op-1", namespace="n", name="t", refs=[], error=None)
+    journal.put("op-1", "drain", result)
+    assert journal.get("op-1", "drain", DrainResult) == result
+
+    (tmp_path / "ops" / "op-1.drain.json").write_text('{"op_id": "op-1", "refs": [')
+    assert journal.get("op-1", "drain", DrainResult) is None

@@ -1,0 +1,282 @@
+"""The contract between the daemon side and the orchestrator, written once, here.
+
+Queue names, task names, the Celery configuration both halves share, and the payloads
+and results of ``drain``, ``resume`` and activity heartbeats as strict pydantic models.
+The daemon-side consumer (``worker_agent.consumer``) and the orchestrator
+(``orchestrator.pipeline``) both build their Celery app with ``make_celery`` and both
+validate what they receive with these models; Celery still carries plain JSON
+(``model_dump(mode="json")``), whose shape ``tests/unit/test_contract.py`` pins.
+
+This module imports only Celery, pydantic and ``worker_agent.proto``; it must never import
+``orchestrator`` (the daemon pod ships without it), and ``orchestrator`` imports it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Final
+
+from celery import Celery
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker_agent.proto import ResumeRef
+
+# ------------------------------------------------------------------ queues and names
+
+ORCHESTRATOR_QUEUE: Final = "orchestrator"
+"""The queue of every orchestrator-side task (``caliban.orchestrator.*``)."""
+
+# Task names: the wire contract. Neither side imports the other's task code; each sends
+# the other's tasks by name.
+DAEMON_DRAIN: Final = "caliban.daemon.drain"
+DAEMON_RESUME: Final = "caliban.daemon.resume"
+RECORD_CHECKPOINT: Final = "caliban.orchestrator.record_checkpoint"
+RECORD_RESUME: Final = "caliban.orchestrator.record_resume"
+ACTIVITY: Final = "caliban.orchestrator.activity"
+
+OP_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""An operation id as it may appear in a task id and a journal file name (the ledger's
+are uuid4s)."""
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class TaskNameError(ValueError):
+    """A namespace/name pair that cannot name a Kubernetes object or a queue."""
+
+
+def parse_task_ref(ref: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` → (namespace, name), validated like Kubernetes names."""
+    namespace, sep, name = ref.partition("/")
+    if not sep:
+        raise TaskNameError(f"{ref!r} is not NAMESPACE/NAME")
+    check_task_name(namespace, name)
+    return namespace, name
+
+
+def check_task_name(namespace: str, name: str) -> None:
+    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+        raise TaskNameError(f"namespace {namespace!r} is not a DNS-1123 label")
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise TaskNameError(f"name {name!r} is not a DNS-1123 subdomain")
+
+
+def daemon_queue(namespace: str, name: str) -> str:
+    """The queue one task's daemon consumes. Dots cannot occur in a namespace, so
+    ``caliband.<ns>.<name>`` is unambiguous even when the name has dots."""
+    check_task_name(namespace, name)
+    return f"caliband.{namespace}.{name}"
+
+
+def parse_daemon_queue(queue: str) -> tuple[str, str]:
+    """``caliband.<namespace>.<name>`` → (namespace, name); the inverse of ``daemon_queue``."""
+    prefix, _, rest = queue.partition(".")
+    namespace, _, name = rest.partition(".")
+    if prefix != "caliband":
+        raise TaskNameError(f"queue {queue!r} is not caliband.<namespace>.<name>")
+    check_task_name(namespace, name)
+    return namespace, name
+
+
+# ------------------------------------------------------------------ Celery settings
+
+
+class BrokerSettings(BaseSettings):
+    """What both halves need to reach each other, read from ``DRAIN_*`` variables.
+
+    ``orchestrator.settings.Settings`` extends this class, so each setting is declared
+    and documented once; the daemon's consumer reads only these.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="DRAIN_", extra="ignore")
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """Celery broker (``DRAIN_BROKER_URL``): ``redis://`` (default) or ``amqp://``."""
+    result_backend: str | None = None
+    """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL, or
+    to a results folder beside the embedded broker's."""
+    broker_folder: str | None = None
+    """With ``DRAIN_BROKER_URL=filesystem://`` (the embedded broker of ``drainctl dev
+    up``): the folder the processes exchange messages through."""
+    visibility_timeout_secs: float = Field(default=7200.0, gt=0)
+    """Redis redelivers an unacknowledged message after this; longer than any drain."""
+    unacked_restore_interval_secs: float = Field(default=10.0, gt=0)
+    """How often a worker sweeps for messages whose visibility timeout has passed."""
+    heartbeat_interval_secs: float = Field(default=15.0, gt=0)
+    """Daemons send an activity heartbeat at least this often (and on every change)."""
+    heartbeat_poll_secs: float = Field(default=1.0, gt=0)
+    """How often a daemon's consumer looks for activity changes."""
+
+    def backend(self) -> str:
+        if self.result_backend:
+            return self.result_backend
+        if self.broker_url.startswith("filesystem://"):
+            return f"file://{self.broker_folder or '.'}/results"
+        return self.broker_url
+
+
+def make_celery(settings: BrokerSettings) -> Celery:
+    """A Celery app configured as docs/pipeline.md says, for either half.
+
+    JSON only, acks late, reject on worker lost, prefetch 1, task events on, a
+    visibility timeout longer than the longest drain, connection retry on start-up;
+    ``caliban.orchestrator.*`` routed to the orchestrator queue.
+    """
+    app = Celery("caliban-drain", broker=settings.broker_url, backend=settings.backend())
+    transport_options: dict[str, object] = {
+        "visibility_timeout": settings.visibility_timeout_secs,
+        "unacked_restore_interval": settings.unacked_restore_interval_secs,
+        "unacked_restore_throttle": 1,
+    }
+    embedded = settings.broker_url.startswith("filesystem://")
+    if embedded:
+        # The embedded broker: processes on one machine exchange messages as files.
+        folder = Path(settings.broker_folder or "./.broker")
+        for sub in ("queue", "processed", "results", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        }
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+        result_extended=True,
+        result_expires=7 * 24 * 3600,
+        broker_transport_options=transport_options,
+        result_backend_transport_options={} if embedded else transport_options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        task_default_queue=ORCHESTRATOR_QUEUE,
+        task_create_missing_queues=True,
+        task_routes={"caliban.orchestrator.*": {"queue": ORCHESTRATOR_QUEUE}},
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": 30,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 5,
+        },
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        enable_utc=True,
+    )
+    return app
+
+
+# ------------------------------------------------------------------------- payloads
+
+
+class Payload(BaseModel):
+    """A Celery payload or result. Both sides are ours, so an unknown field is an error
+    (a mismatched deployment), and values are JSON's own types, never coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class DrainRequest(Payload):
+    """kwargs of ``caliban.daemon.drain``."""
+
+    op_id: str = Field(pattern=OP_ID_PATTERN)
+    grace_secs: float = Field(ge=0)
+
+
+class DrainResult(Payload):
+    """What ``caliban.daemon.drain`` answers; ``record_checkpoint`` receives it.
+
+    ``error`` set means the daemon could not drain and ``refs`` is empty."""
+
+    op_id: str
+    namespace: str
+    name: str
+    refs: list[ResumeRef]
+    error: str | None
+
+
+class ResumeAgent(Payload):
+    """One agent a resume asks for: its id and its session dir relative to the store."""
+
+    id: str = Field(min_length=1)
+    session_dir: str = Field(min_length=1)
+
+
+class ResumeRequest(Payload):
+    """kwargs of ``caliban.daemon.resume``. No agents means every agent in the store (a
+    forced checkpoint names none: it is the PVC as it was)."""
+
+    op_id: str = Field(pattern=OP_ID_PATTERN)
+    agents: list[ResumeAgent]
+
+
+class AgentResumeOutcome(Payload):
+    """How one agent's resume went: ``ok`` with an optional ``note``, or an ``error``."""
+
+    id: str
+    ok: bool
+    note: str | None = None
+    error: str | None = None
+
+    @model_serializer(mode="plain")
+    def _present_fields(self) -> dict[str, object]:
+        # The wire shape carries note/error only when there is one.
+        shape: dict[str, object] = {"id": self.id, "ok": self.ok}
+        if self.note is not None:
+            shape["note"] = self.note
+        if self.error is not None:
+            shape["error"] = self.error
+        return shape
+
+
+class ResumeResult(Payload):
+    """What ``caliban.daemon.resume`` answers; ``record_resume`` receives it."""
+
+    op_id: str
+    results: list[AgentResumeOutcome]
+    error: str | None
+
+
+class ActivityReport(Payload):
+    """kwargs of ``caliban.orchestrator.activity``: one daemon's heartbeat.
+
+    ``seq`` grows across daemon restarts (wall-clock nanoseconds), so the orchestrator
+    keeps only the newest; times are Unix seconds."""
+
+    namespace: str
+    name: str
+    task_uid: str | None
+    seq: int = Field(ge=0)
+    reported_at: float
+    agents_total: int = Field(ge=0)
+    agents_live: int = Field(ge=0)
+    agents_idle: int = Field(ge=0)
+    all_idle_since: float | None
+
+
+def malformed(what: str, exc: ValidationError) -> str:
+    """One line naming each flaw of a received payload, for an operation's error:
+    ``malformed drain result: refs.0.clean: Input should be a valid boolean``."""
+    flaws = "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or '(payload)'}: {err['msg']}"
+        for err in exc.errors()
+    )
+    return f"malformed {what}: {flaws}"
+
+
+JsonObject = dict[str, object]
+"""A payload as Celery carries it: ``model.model_dump(mode="json")``."""
