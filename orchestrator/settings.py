@@ -10,11 +10,15 @@ each of those is declared once, in ``worker_agent.contract``.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from worker_agent.contract import BrokerSettings
+
+RECORD_SLACK_SECS = 10.0
+"""Room for the record itself once its message is back and the database answers."""
 
 
 class Settings(BrokerSettings):
@@ -29,8 +33,13 @@ class Settings(BrokerSettings):
     """A drain message not picked up by its daemon within this expires unrun."""
     resume_expires_secs: float = Field(default=3600.0, gt=0)
     """A resume waits in its daemon's queue this long for the new pod's consumer."""
-    record_deadline_secs: float = Field(default=600.0, gt=0)
-    """How long after a drain's expiry its operation may still be recorded."""
+    record_deadline_secs: float = Field(default=900.0, gt=0)
+    """How long after a drain's expiry and grace its operation may still be recorded: long
+    enough for a ``record_checkpoint`` redelivered after its worker died, then retrying
+    through a database outage (checked below)."""
+    db_retry_window_secs: float = Field(default=600.0, ge=15)
+    """How long an orchestrator task retries through a ledger outage (a PostgreSQL
+    restart) before it gives up."""
     sweep_interval_secs: float = Field(default=15.0, gt=0)
     """How often the orchestrator worker fails operations past their deadline."""
 
@@ -42,6 +51,38 @@ class Settings(BrokerSettings):
     """The image of the daemon container in provisioned Sandboxes."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+
+    @property
+    def redelivery_secs(self) -> float:
+        """The longest a message whose consumer died takes to come back (Redis)."""
+        return self.visibility_timeout_secs + self.unacked_restore_interval_secs
+
+    @model_validator(mode="after")
+    def _redelivery_lands_in_time(self) -> Self:
+        """The timing relations that make a killed consumer or worker harmless.
+
+        A drain whose consumer was SIGKILLed is redelivered after ``redelivery_secs``: it
+        must arrive before the drain expires, or it is discarded and the agents the
+        daemon drained are never recorded. A ``record_checkpoint`` whose worker was
+        SIGKILLed is redelivered the same way and may then retry through a database
+        outage: all of that must fit before the deadline sweeper may fail the operation.
+        """
+        if self.redelivery_secs >= self.drain_expires_secs:
+            raise ValueError(
+                f"DRAIN_VISIBILITY_TIMEOUT_SECS + DRAIN_UNACKED_RESTORE_INTERVAL_SECS "
+                f"({self.redelivery_secs:g} s) must be less than DRAIN_DRAIN_EXPIRES_SECS "
+                f"({self.drain_expires_secs:g} s): a drain redelivered after its consumer died "
+                "would expire before it arrives"
+            )
+        needed = self.redelivery_secs + self.db_retry_window_secs + RECORD_SLACK_SECS
+        if self.record_deadline_secs < needed:
+            raise ValueError(
+                f"DRAIN_RECORD_DEADLINE_SECS ({self.record_deadline_secs:g} s) must be at least "
+                f"{needed:g} s (redelivery {self.redelivery_secs:g} s + database retries "
+                f"{self.db_retry_window_secs:g} s + {RECORD_SLACK_SECS:g} s): a record redelivered "
+                "after its worker died could otherwise land after the operation was failed"
+            )
+        return self
 
 
 @lru_cache(maxsize=1)

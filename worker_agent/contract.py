@@ -101,8 +101,12 @@ class BrokerSettings(BaseSettings):
     broker_folder: str | None = None
     """With ``DRAIN_BROKER_URL=filesystem://`` (the embedded broker of ``drainctl dev
     up``): the folder the processes exchange messages through."""
-    visibility_timeout_secs: float = Field(default=7200.0, gt=0)
-    """Redis redelivers an unacknowledged message after this; longer than any drain."""
+    visibility_timeout_secs: float = Field(default=60.0, gt=0)
+    """Redis redelivers a message whose consumer died, unacknowledged, after this. It is
+    short so that a drain redelivered after a killed consumer arrives before it expires
+    (``orchestrator.settings`` checks the relation); a drain that runs longer than this is
+    redelivered while it runs, which is harmless: the daemon answers a repeated drain with
+    the same refs and the ledger records one checkpoint per operation."""
     unacked_restore_interval_secs: float = Field(default=10.0, gt=0)
     """How often a worker sweeps for messages whose visibility timeout has passed."""
     heartbeat_interval_secs: float = Field(default=15.0, gt=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from celery import Celery, chain
 
@@ -76,11 +77,15 @@ def start_drain(
         queue=ORCHESTRATOR_QUEUE,
     ).set(task_id=f"{op.id}.record")
     chain(drain, record).apply_async()
+    # The record's arguments are kept on the operation too, so that the deadline sweeper
+    # can record the checkpoint from the drain's stored result if the record message
+    # itself never arrives (``tasks.sweep_overdue``).
     return _advance(
         ledger,
         op,
         OperationState.DRAINING,
         {"drain": f"{op.id}.drain", "record": f"{op.id}.record"},
+        detail={"record": record.kwargs},
     )
 
 
@@ -164,12 +169,17 @@ def _begin(
 
 
 def _advance(
-    ledger: Ledger, op: OperationView, state: OperationState, celery_ids: dict[str, str]
+    ledger: Ledger,
+    op: OperationView,
+    state: OperationState,
+    celery_ids: dict[str, str],
+    detail: dict[str, Any] | None = None,
 ) -> OperationView:
     try:
         return ledger.transition(
-            op.id, state, expect=(OperationState.PENDING,), celery_task_ids=celery_ids
-        )
+            op.id, state, expect=(OperationState.PENDING,), celery_task_ids=celery_ids,
+            detail=detail,
+        )  # fmt: skip
     except LedgerConflict:
         # The chain already finished (or the sweeper failed it): the row is further on.
         current = ledger.get_operation(op.id)

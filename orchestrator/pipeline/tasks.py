@@ -11,8 +11,10 @@ either records a whole checkpoint or nothing.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from orchestrator.ledger import (
     CheckpointReason,
     Ledger,
     LedgerConflict,
+    OperationKind,
     OperationState,
     OperationView,
 )
@@ -44,9 +47,10 @@ log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
 
 DB_ERRORS = (OperationalError, DBAPIError)
-DB_MAX_RETRIES = 60
-"""With backoff capped at 15 s, a ledger outage (a PostgreSQL restart) is waited out
-for about a quarter of an hour before a task gives up."""
+DB_BACKOFF_MAX_SECS = 15
+DB_MAX_RETRIES = 4 + int((get_settings().db_retry_window_secs - 15) // DB_BACKOFF_MAX_SECS)
+"""Backoff 1, 2, 4, 8, then 15 s: a ledger outage (a PostgreSQL restart) is waited out for
+``DRAIN_DB_RETRY_WINDOW_SECS`` before a task gives up, which the record deadline covers."""
 
 
 @lru_cache(maxsize=1)
@@ -115,7 +119,7 @@ def _fail(ledger: Ledger, op_id: str, error: str) -> None:
     bind=True,
     autoretry_for=DB_ERRORS,
     retry_backoff=1,
-    retry_backoff_max=15,
+    retry_backoff_max=DB_BACKOFF_MAX_SECS,
     retry_jitter=False,
     max_retries=DB_MAX_RETRIES,
 )
@@ -180,7 +184,7 @@ def record_checkpoint(
     bind=True,
     autoretry_for=DB_ERRORS,
     retry_backoff=1,
-    retry_backoff_max=15,
+    retry_backoff_max=DB_BACKOFF_MAX_SECS,
     retry_jitter=False,
     max_retries=DB_MAX_RETRIES,
 )
@@ -225,7 +229,7 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
     bind=False,
     autoretry_for=DB_ERRORS,
     retry_backoff=1,
-    retry_backoff_max=15,
+    retry_backoff_max=DB_BACKOFF_MAX_SECS,
     retry_jitter=False,
     max_retries=DB_MAX_RETRIES,
 )
@@ -276,9 +280,51 @@ class DeadlineSweeper(threading.Thread):
                 log.warning("sweep_failed error=%s", exc)
 
 
-def sweep_overdue(ledger: Ledger, now: datetime | None = None) -> list[str]:
+class StoredDrain(enum.Enum):
+    """What the result backend says of an operation's drain task when it is overdue."""
+
+    NOT_FINISHED = "not-finished"
+    UNKNOWN = "unknown"
+    """The backend could not be asked (a broker outage): decide at the next sweep."""
+
+
+def stored_drain_result(op_id: str) -> DrainResult | StoredDrain:
+    """The daemon's drain result as the result backend kept it, if the drain finished."""
+    try:
+        stored = app.AsyncResult(f"{op_id}.drain")
+        if stored.state != "SUCCESS":
+            return StoredDrain.NOT_FINISHED
+        value = stored.result
+    except Exception as exc:  # any backend failure means "ask again later"
+        log.warning("stored_result_unreadable op=%s error=%s", op_id, exc)
+        return StoredDrain.UNKNOWN
+    try:
+        return DrainResult.model_validate(value)
+    except ValidationError:
+        return StoredDrain.NOT_FINISHED
+
+
+def sweep_overdue(
+    ledger: Ledger,
+    now: datetime | None = None,
+    stored_drain: Callable[[str], DrainResult | StoredDrain] = stored_drain_result,
+) -> list[str]:
+    """Close every operation past its deadline; answer the ids of those it failed.
+
+    A drain whose daemon answered but whose ``record_checkpoint`` never arrived (its
+    message lost with a broker restart) is not failed: the daemon's refs are in the
+    result backend, and the checkpoint is recorded from them. An operation whose agents
+    were drained is never failed for want of a record.
+    """
     failed = []
     for op in ledger.overdue_operations(now or datetime.now(UTC)):
+        if op.kind.records_checkpoint:
+            found = stored_drain(op.id)
+            if found is StoredDrain.UNKNOWN:
+                continue
+            recovered = isinstance(found, DrainResult) and found.error is None
+            if recovered and _record_from_stored(ledger, op, found):  # type: ignore[arg-type]
+                continue
         view = ledger.expire_operation(op.id, _overdue_reason(op))
         if view.state is OperationState.FAILED:
             failed.append(op.id)
@@ -286,6 +332,38 @@ def sweep_overdue(ledger: Ledger, now: datetime | None = None) -> list[str]:
                 "operation_expired op=%s kind=%s task=%s/%s", op.id, op.kind, op.namespace, op.name
             )
     return failed
+
+
+_REASON_OF_KIND = {
+    OperationKind.DELETE_DRAIN: CheckpointReason.DELETE,
+    OperationKind.PAUSE: CheckpointReason.PAUSE,
+}
+
+
+def _record_from_stored(ledger: Ledger, op: OperationView, result: DrainResult) -> bool:
+    kept = (op.detail or {}).get("record") or {}
+    try:
+        args = RecordCheckpointArgs.model_validate({**kept, "op_id": op.id})
+    except ValidationError:
+        args = RecordCheckpointArgs(
+            op_id=op.id, reason=_REASON_OF_KIND.get(op.kind, CheckpointReason.MANUAL)
+        )
+    with contextlib.suppress(LedgerConflict):
+        ledger.transition(
+            op.id, OperationState.DRAINED, expect=(OperationState.PENDING, OperationState.DRAINING)
+        )
+    try:
+        checkpoint = ledger.record_checkpoint(
+            op.id, result.refs, reason=args.reason, pvc_name=args.pvc_name
+        )
+    except (LedgerConflict, ValueError) as exc:
+        log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, exc)
+        return False
+    log.warning(
+        "checkpoint_recorded_by_sweeper op=%s ref=%s agents=%d: its record message was lost",
+        op.id, checkpoint.ref, len(checkpoint.agents),
+    )  # fmt: skip
+    return True
 
 
 def _overdue_reason(op: OperationView) -> str:

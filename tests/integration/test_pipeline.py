@@ -141,8 +141,13 @@ def test_a_drain_for_a_daemon_that_is_gone_expires_and_is_reported(
         tmp_short,
         redis_db_url(),
         fresh_sqlite(tmp_short),
+        # Shortened so the expiry is seen in seconds; Settings holds them to the same
+        # relations as the defaults (a redelivery lands before expiry and deadline).
         DRAIN_DRAIN_EXPIRES_SECS="2",
-        DRAIN_RECORD_DEADLINE_SECS="1",
+        DRAIN_VISIBILITY_TIMEOUT_SECS="1",
+        DRAIN_UNACKED_RESTORE_INTERVAL_SECS="0.5",
+        DRAIN_DB_RETRY_WINDOW_SECS="15",
+        DRAIN_RECORD_DEADLINE_SECS="27",
     )
     try:
         stack.start_worker()

@@ -181,8 +181,11 @@ def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: P
             tmp_short,
             url,
             fresh_sqlite(tmp_short),
+            # Shortened so a lost chain is failed in seconds; Settings holds them to the
+            # same relations as the defaults.
             DRAIN_DRAIN_EXPIRES_SECS="20",
-            DRAIN_RECORD_DEADLINE_SECS="10",
+            DRAIN_DB_RETRY_WINDOW_SECS="15",
+            DRAIN_RECORD_DEADLINE_SECS="35",
         )
         try:
             stack.start_worker()

@@ -17,6 +17,8 @@ import pytest
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
 from orchestrator.pipeline import tasks
 from orchestrator.settings import get_settings
+from worker_agent.contract import DrainResult
+from worker_agent.proto import ResumeRef
 
 SHA = "cd" * 32
 REF = {"id": "agent-a", "session_dir": "agents/agent-a", "turns": 2, "session_sha256": SHA,
@@ -154,7 +156,9 @@ def test_a_drained_operation_past_its_deadline_says_the_record_was_late(ledger: 
     )  # fmt: skip
     ledger.transition(op.id, OperationState.DRAINED)
 
-    assert tasks.sweep_overdue(ledger) == [op.id]
+    assert tasks.sweep_overdue(ledger, stored_drain=lambda _: tasks.StoredDrain.NOT_FINISHED) == [
+        op.id
+    ]
 
     failed = ledger.get_operation(op.id)
     assert failed is not None and failed.error is not None
@@ -190,3 +194,69 @@ def test_a_torn_journal_entry_counts_as_absent(tmp_path: Path) -> None:
 
     (tmp_path / "ops" / "op-1.drain.json").write_text('{"op_id": "op-1", "refs": [')
     assert journal.get("op-1", "drain", DrainResult) is None
+
+
+SHA = "ab" * 32
+
+
+def overdue_drain(ledger: Ledger, key: str, detail: dict[str, object] | None) -> str:
+    op = ledger.begin_operation(
+        OperationKind.DELETE_DRAIN, task_uid="u", namespace="team-a", name="task-1",
+        idempotency_key=key, deadline_at=datetime.now(UTC) - timedelta(seconds=1),
+    )  # fmt: skip
+    ledger.transition(op.id, OperationState.DRAINING, detail=detail)
+    return op.id
+
+
+def drained(op_id: str, error: str | None = None) -> DrainResult:
+    refs = [] if error else [
+        ResumeRef(id="agent-1", session_dir="agents/agent-1", turns=7, session_sha256=SHA,
+                  clean=True, exit=0),
+    ]  # fmt: skip
+    return DrainResult(op_id=op_id, namespace="team-a", name="task-1", refs=refs, error=error)
+
+
+def test_an_overdue_drain_whose_daemon_answered_is_recorded_not_failed(ledger: Ledger) -> None:
+    """Tried: the record message lost after the daemon drained (its result is stored)."""
+    op_id = overdue_drain(
+        ledger, "lost-record", {"record": {"op_id": "x", "reason": "delete", "pvc_name": "ws-1"}}
+    )
+
+    assert tasks.sweep_overdue(ledger, stored_drain=drained) == []
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.RECORDED and op.checkpoint_ref
+    checkpoint = ledger.get_checkpoint(op.checkpoint_ref)
+    assert checkpoint is not None
+    assert (checkpoint.reason, checkpoint.pvc_name) == (CheckpointReason.DELETE, "ws-1")
+    assert [(a.agent_id, a.turns) for a in checkpoint.agents] == [("agent-1", 7)]
+
+
+def test_an_overdue_drain_is_left_for_the_next_sweep_while_the_backend_is_unreachable(
+    ledger: Ledger,
+) -> None:
+    op_id = overdue_drain(ledger, "backend-down", None)
+
+    assert tasks.sweep_overdue(ledger, stored_drain=lambda _: tasks.StoredDrain.UNKNOWN) == []
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.DRAINING
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(lambda op_id: tasks.StoredDrain.NOT_FINISHED, id="drain-never-ran"),
+        pytest.param(lambda op_id: drained(op_id, "supervisor unreachable"), id="drain-failed"),
+    ],
+)
+def test_an_overdue_drain_that_did_not_drain_is_failed_with_the_reason(
+    ledger: Ledger, stored: object
+) -> None:
+    op_id = overdue_drain(ledger, "never", None)
+
+    assert tasks.sweep_overdue(ledger, stored_drain=stored) == [op_id]  # type: ignore[arg-type]
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.FAILED
+    assert ledger.list_checkpoints("team-a", "task-1") == []
