@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from worker_agent.layout import op_entry, ops_dir
 from worker_agent.session import atomic_write
 
 _OP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -23,12 +24,13 @@ KEEP = 500
 
 class OperationJournal:
     def __init__(self, store: Path) -> None:
-        self.directory = store / "ops"
+        self.store = store
+        self.directory = ops_dir(store)
 
     def _path(self, op_id: str, verb: str) -> Path:
         if not _OP_ID.match(op_id):
             raise ValueError(f"operation id {op_id!r} is not a valid id")
-        return self.directory / f"{op_id}.{verb}.json"
+        return op_entry(self.store, op_id, verb)
 
     def get(self, op_id: str, verb: str) -> dict[str, Any] | None:
         try:
