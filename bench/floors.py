@@ -26,7 +26,7 @@ from celery import Celery, chain
 from orchestrator.pipeline.app import make_app
 from orchestrator.settings import Settings
 from worker_agent import layout
-from worker_agent.testing import Subprocess, child_env, short_tmp, wait_until
+from worker_agent.testing import Subprocess, child_env, short_tmp
 
 FLOOR_TURNS = 10
 """Turns of conversation each bare process holds (about the size a worker holds)."""
@@ -138,6 +138,17 @@ def noop_app(settings: Settings) -> Celery:
     return app
 
 
+class NoopWorker(Subprocess):
+    """The no-op chain's worker (``python -m bench.floors``), ready once Celery says so."""
+
+    what = "the no-op chain's worker"
+    ready_timeout = 60.0
+
+    def ready(self) -> bool:
+        self.check_alive(self.what)
+        return "ready." in self.log_text()
+
+
 class NoopChain:
     """The no-op chain floor: its worker subprocess and the client side."""
 
@@ -149,20 +160,15 @@ class NoopChain:
             "DRAIN_RESULT_BACKEND": broker,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
-        self.worker = Subprocess(
+        self.worker = NoopWorker(
             [sys.executable, "-m", "bench.floors"], root / "noop-worker.log", child_env(env)
         )
         self.runs = 0
 
     def start(self) -> NoopChain:
-        self.worker.launch()
-        wait_until(self._ready, 60, "the no-op chain's worker", interval=0.05)
+        self.worker.start()
         self.measure()  # warm-up: connections and the result backend's first subscribe
         return self
-
-    def _ready(self) -> bool:
-        self.worker.check_alive("the no-op worker")
-        return "ready." in self.worker.log_text()
 
     def measure(self) -> float:
         self.runs += 1

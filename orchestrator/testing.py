@@ -103,16 +103,11 @@ class WorkerProcess(Subprocess):
         argv = [*DRAINCTL, "worker", "--concurrency", str(concurrency)]
         super().__init__(argv, log, child_env(env))
 
-    def start(self, timeout: float = 60.0) -> WorkerProcess:
-        self.launch()
-        self.wait_ready(timeout)
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        wait_until(self.ready, timeout, f"the orchestrator worker ({self.log})", interval=0.05)
+    what = "the orchestrator worker"
+    ready_timeout = 60.0
 
     def ready(self) -> bool:
-        self.check_alive("the orchestrator worker")
+        self.check_alive(self.what)
         return bool(_READY.search(self.log_text()))
 
 
@@ -133,16 +128,11 @@ class DevStackProcess(Subprocess):
         ]  # fmt: skip
         super().__init__(argv, root / "dev-up.log", child_env(env))
 
-    def start(self, timeout: float = 90.0) -> DevStackProcess:
-        self.launch()
-        self.wait_ready(timeout)
-        return self
-
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        wait_until(self.ready, timeout, f"the dev stack ({CRD_PATH} served)", interval=0.1)
+    what = f"drainctl dev up (until it serves {CRD_PATH})"
+    ready_timeout = 90.0
 
     def ready(self) -> bool:
-        self.check_alive("drainctl dev up")
+        self.check_alive(self.what)
         if not self.kubeconfig.exists():
             return False
         try:

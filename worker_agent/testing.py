@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from signal import Signals
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from worker_agent.client import SupervisorClient
 from worker_agent.proto import AgentRecord, AgentStatus
@@ -118,7 +118,13 @@ def _start_time(pid: int) -> str | None:
 
 class Subprocess:
     """One child process of the kit: started in its own session, its output in ``log``,
-    stopped with SIGTERM then SIGKILL (its group and every descendant seen)."""
+    stopped with SIGTERM then SIGKILL (its group and every descendant seen).
+
+    ``start`` launches it and waits until ``ready`` (a subclass's probe; this base is
+    ready once launched) answers true; ``what`` names it in errors."""
+
+    what = "the process"
+    ready_timeout = 30.0
 
     def __init__(self, argv: Sequence[str], log: Path, env: Mapping[str, str]) -> None:
         self.argv = list(argv)
@@ -141,6 +147,19 @@ class Subprocess:
                 env=self.env, start_new_session=True,
             )  # fmt: skip
         _LIVE.append(self)
+
+    def start(self, timeout: float | None = None) -> Self:
+        """Launch, then wait (``ready_timeout`` by default) until ``ready``."""
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        wait_until(self.ready, timeout or self.ready_timeout, f"{self.what} to be ready", 0.05)
+
+    def ready(self) -> bool:
+        self.check_alive(self.what)
+        return True
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -259,6 +278,7 @@ class DaemonProcess(Subprocess):
         self.drain_grace = drain_grace
         self.queue = queue
         self.env_overrides = dict(env or {})
+        self.what = f"the daemon in {root}"
         super().__init__([], root / "daemon.log", {})
 
     def launch(self) -> None:
@@ -272,18 +292,9 @@ class DaemonProcess(Subprocess):
         self.env = child_env(self.env_overrides)
         super().launch()
 
-    def start(self, timeout: float = 30.0) -> DaemonProcess:
-        """Launch and wait until the control socket answers."""
-        self.launch()
-        self.wait_ready(timeout)
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        wait_until(self.ready, timeout, f"daemon socket {self.socket}", interval=0.05)
-
     def ready(self) -> bool:
         """The control socket answers ``status`` (raises if the daemon exited)."""
-        self.check_alive(f"daemon {self.root}")
+        self.check_alive(self.what)
         if not self.socket.exists():
             return False
         try:
