@@ -29,7 +29,8 @@ from worker_agent.testing import wait_until
 GROUP, VERSION, PLURAL = "caliban.caliban-ai.dev", "v1alpha1", "calibantasks"
 AGENTS, MODEL = 10, "turns=100000,turn_ms=50"
 BUDGET = 1.5
-REDIS_DB = 14
+REDIS_DB = 13
+"""The pipeline scenario's database, flushed again: one broker URL per run, so one no-op app."""
 
 
 class Deleter:

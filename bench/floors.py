@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -123,9 +124,11 @@ def bare_processes(n: int) -> float:
             os.sync()  # so this run's writeback does not land in the next measurement
 
 
-def noop_app(settings: Settings) -> Celery:
-    """The pipeline's Celery configuration with two trivial tasks, one per queue."""
-    app = make_app(settings)
+@functools.cache
+def noop_app(broker: str) -> Celery:
+    """The pipeline's Celery configuration with two trivial tasks, one per queue; one app
+    per broker and process (Celery warns when a task name is registered twice)."""
+    app = make_app(Settings(broker_url=broker, result_backend=broker))
 
     @app.task(name=NOOP_FIRST)
     def noop_first(op_id: str) -> dict[str, Any]:
@@ -153,8 +156,7 @@ class NoopChain:
     """The no-op chain floor: its worker subprocess and the client side."""
 
     def __init__(self, root: Path, broker: str) -> None:
-        self.settings = Settings(broker_url=broker, result_backend=broker)
-        self.app = noop_app(self.settings)
+        self.app = noop_app(broker)
         env = {
             "DRAIN_BROKER_URL": broker,
             "DRAIN_RESULT_BACKEND": broker,
@@ -196,7 +198,7 @@ def round_trips(call: Callable[[], object], n: int = 3) -> float:
 
 def serve_noop_worker() -> None:
     """The no-op worker: both no-op queues, solo pool, like a daemon's consumer."""
-    noop_app(Settings()).worker_main(
+    noop_app(Settings().broker_url).worker_main(
         [
             "worker",
             "--queues",
