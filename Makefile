@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: env demo test check lint typecheck pytest services bench clean
+.PHONY: env demo test check lint typecheck pytest services bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "caliban-drain needs Python 3.11+"'
@@ -36,8 +36,11 @@ check: lint typecheck
 
 test: check pytest
 
-bench: env
-	$(PY) bench/drain.py
+bench: env services
+	$(PY) -m bench --write
+
+bench-quick: env services
+	$(PY) -m bench --quick
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

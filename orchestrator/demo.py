@@ -1,8 +1,9 @@
 """``drainctl demo``: the daemon story, end to end, on one machine with nothing installed.
 
-It starts a real supervisor daemon as a subprocess, spawns scripted agents, drains them
-in the middle of their turns, shows the resume references, kills the daemon outright
-(as a node failure would), restarts it, resumes every agent from its checkpoint and
+It starts a real supervisor daemon as a subprocess (through the testing kit,
+``worker_agent.testing``), spawns scripted agents, drains them in the middle of their
+turns, shows the resume references, kills the daemon outright (as a node failure
+would), restarts it, resumes every agent from its checkpoint and
 shows each conversation carrying on from ``turns + 1``. Every number it prints is read
 back from the files on disk, so the demo is also a check: it exits non-zero if any
 completed turn went missing.
@@ -13,16 +14,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from worker_agent.client import SupervisorClient
 from worker_agent.proto import AgentStatus, ResumeRef
 from worker_agent.session import count_completed_turns, load_session
+from worker_agent.testing import DaemonProcess, ProcessExited, WaitTimeout, wait_until
 
 Echo = Callable[[str], None]
 
@@ -32,40 +31,25 @@ class DemoFailure(Exception):
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise DemoFailure(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    try:
+        wait_until(condition, timeout, what, interval=0.05)
+    except WaitTimeout as exc:
+        raise DemoFailure(str(exc)) from None
 
 
 @contextlib.contextmanager
-def _daemon(root: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    socket = root / "ctl.sock"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "daemon", "--store", str(root / "store"),
-             "--socket", str(socket), "--drain-grace", "10"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+def _daemon(root: Path) -> Iterator[DaemonProcess]:
+    """A daemon of the testing kit in ``root``; stopped (SIGTERM, then SIGKILL) on exit."""
+    daemon = DaemonProcess(root, drain_grace=10)
     try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise DemoFailure(f"daemon exited early; see {log}")
-            try:
-                with SupervisorClient(socket_path=socket, timeout=5) as client:
-                    client.status()
-            except OSError:
-                return False
-            return True
-
-        _wait(ready, 30, "the daemon to listen")
-        yield proc
+        daemon.start()
+    except (WaitTimeout, ProcessExited):
+        daemon.stop(10)
+        raise DemoFailure(f"the daemon did not start; see {daemon.log}") from None
+    try:
+        yield daemon
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+        daemon.stop(60)
 
 
 def _show_refs(echo: Echo, refs: list[ResumeRef]) -> None:
@@ -93,12 +77,11 @@ def run_demo(*, agent_count: int, state_dir: Path | None, echo: Echo) -> int:
     root.mkdir(parents=True, exist_ok=True)
     store = root / "store"
     log = root / "daemon.log"
-    socket = root / "ctl.sock"
     try:
         echo(f"caliban-drain demo — state in {root} (daemon log: {log})\n")
-        with _daemon(root, log) as daemon:
+        with _daemon(root) as daemon:
             echo(f"1. daemon up (pid {daemon.pid}); spawning {agent_count} scripted agents")
-            with SupervisorClient(socket_path=socket) as client:
+            with daemon.client() as client:
                 ids = [
                     client.spawn(provider="scripted", model="turns=40,turn_ms=150").id
                     for _ in range(agent_count)
@@ -123,9 +106,9 @@ def run_demo(*, agent_count: int, state_dir: Path | None, echo: Echo) -> int:
                     60,
                     "resumed agents to do more turns",
                 )
-            daemon.send_signal(signal.SIGKILL)
+            daemon.signal(signal.SIGKILL)
             daemon.wait(10)
-        with _daemon(root, log) as daemon, SupervisorClient(socket_path=socket) as client:
+        with _daemon(root) as daemon, daemon.client() as client:
             records = client.agents()
             echo(f"5. daemon restarted (pid {daemon.pid}); its agents came back as:")
             for record in records:

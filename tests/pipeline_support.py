@@ -19,22 +19,22 @@ import redis
 
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import upgrade
+from orchestrator.testing import (
+    LEDGER_TABLES,
+    ServerUnavailable,
+    WorkerProcess,
+    flushed_redis,
+    fresh_ledger,
+)
 from tests.support import DaemonProcess, wait_until
 
-REDIS_HINT = (
-    "Redis not reachable on 127.0.0.1:6379; start it with: redis-server --daemonize yes "
-    '--bind 127.0.0.1 --port 6379 --save "" --appendonly no'
-)
+__all__ = ["LEDGER_TABLES", "Stack", "fresh_postgres", "fresh_sqlite", "redis_db_url"]
+
 PG_URL = os.environ.get("DRAIN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 """The PostgreSQL database the tests drop and migrate (``DRAIN_TEST_PG_URL`` points them at
 another, so that two checkouts can run their suites side by side)."""
 REDIS_PORT = int(os.environ.get("DRAIN_TEST_REDIS_PORT", "6379"))
 """The Redis server whose databases the tests flush (``DRAIN_TEST_REDIS_PORT``)."""
-PG_HINT = (
-    "PostgreSQL not reachable on 127.0.0.1:5432; start it with: "
-    "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-)
-LEDGER_TABLES = ("checkpoint_agents", "checkpoints", "operations", "daemon_activity")
 
 
 def free_port() -> int:
@@ -45,31 +45,18 @@ def free_port() -> int:
 
 def redis_db_url(db: int = 9, port: int = REDIS_PORT) -> str:
     """A flushed Redis database of this machine's server, or skip saying how to start it."""
-    client = redis.Redis(host="127.0.0.1", port=port, db=db, socket_connect_timeout=2)
     try:
-        client.flushdb()
-    except redis.ConnectionError:
-        pytest.skip(REDIS_HINT)
-    finally:
-        client.close()
-    return f"redis://127.0.0.1:{port}/{db}"
+        return flushed_redis(port, db)
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def fresh_postgres() -> str:
-    """The ``test`` database with the ledger dropped and migrated again."""
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(PG_URL)
+    """The test database with the ledger dropped and migrated again."""
     try:
-        with engine.begin() as conn:
-            for table in (*LEDGER_TABLES, "alembic_version"):
-                conn.execute(sa.text(f"DROP TABLE IF EXISTS {table} CASCADE"))
-    except sa.exc.OperationalError:
-        pytest.skip(PG_HINT)
-    finally:
-        engine.dispose()
-    upgrade(PG_URL)
-    return PG_URL
+        return fresh_ledger(PG_URL)
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def fresh_sqlite(directory: Path) -> str:
@@ -127,21 +114,17 @@ class Stack:
             **overrides,
         }
         self.ledger = Ledger.from_url(database)
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
         self.daemons: list[DaemonProcess] = []
 
     def full_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
-    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
-        log = (self.root / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "worker", "--concurrency", "2"],
-            stdout=log, stderr=subprocess.STDOUT, env=self.full_env(),
-        )  # fmt: skip
-        log.close()
-        self.workers.append(proc)
-        return proc
+    def start_worker(self, name: str = "worker") -> WorkerProcess:
+        """``drainctl worker``, waited on until it consumes."""
+        worker = WorkerProcess(self.root / f"{name}.log", self.env).start()
+        self.workers.append(worker)
+        return worker
 
     def worker_log(self, name: str = "worker") -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
@@ -150,7 +133,7 @@ class Stack:
         directory = self.root / f"{namespace}.{name}"
         directory.mkdir(exist_ok=True)
         daemon = DaemonProcess(
-            directory, "--queue", f"caliband.{namespace}.{name}", *extra, env=self.env
+            directory, *extra, queue=f"caliband.{namespace}.{name}", env=self.env
         ).start()
         self.daemons.append(daemon)
         return daemon
@@ -163,15 +146,9 @@ class Stack:
 
     def close(self) -> None:
         for daemon in self.daemons:
-            daemon.stop()
-        for proc in self.workers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            daemon.stop(60)
+        for worker in self.workers:
+            worker.stop(20)
         self.ledger.dispose()
 
 

@@ -16,6 +16,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from worker_agent.contract import OP_ID_PATTERN
+from worker_agent.layout import op_entry, ops_dir
 from worker_agent.session import atomic_write
 
 _OP_ID = re.compile(OP_ID_PATTERN)
@@ -30,12 +31,13 @@ class OperationJournal:
     """``<store>/ops``: one file per completed (operation, verb), written atomically."""
 
     def __init__(self, store: Path) -> None:
-        self.directory = store / "ops"
+        self.store = store
+        self.directory = ops_dir(store)
 
     def _path(self, op_id: str, verb: Verb) -> Path:
         if not _OP_ID.match(op_id):
             raise ValueError(f"operation id {op_id!r} is not a valid id")
-        return self.directory / f"{op_id}.{verb}.json"
+        return op_entry(self.store, op_id, verb)
 
     def get(self, op_id: str, verb: Verb, model: type[_Result]) -> _Result | None:
         """The result this operation's ``verb`` answered here, or None if it has not run.

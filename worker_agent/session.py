@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SESSION_FILE = "session.json"
-TRANSCRIPT_FILE = "stdout.ndjson"
+from worker_agent.layout import SESSION_FILE, TRANSCRIPT_FILE, temp_file
+
+__all__ = ["SESSION_FILE", "TRANSCRIPT_FILE"]  # re-exported: older imports name them here
+
 SESSION_VERSION = 1
 DRAIN_DEADLINE_ENV = "CALIBAN_DRAIN_DEADLINE_FILE"
 """Names a file the daemon writes once, just before a drain's SIGTERMs: the deadline in
@@ -81,7 +83,7 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     ``durable`` fsyncs the file and its directory; without it the write is still atomic
     but may be lost (as a whole) by a machine crash, which suits volatile state.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_file(path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)

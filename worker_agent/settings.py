@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker_agent.layout import default_socket
+
 DEFAULT_WORKER_COMMAND = (
     "{python} -m worker_agent.worker --session-dir {session_dir} --agent-id {agent_id} {resume}"
 )
@@ -52,4 +54,4 @@ class DaemonSettings(BaseSettings):
     initial_prompt: str | None = None
 
     def socket_path(self) -> Path:
-        return self.socket if self.socket is not None else self.store / "run" / "caliband.sock"
+        return self.socket if self.socket is not None else default_socket(self.store)

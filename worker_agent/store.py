@@ -3,7 +3,8 @@
 ``<store>/agents/<id>/manifest.json`` is the ``AgentRecord`` (written atomically),
 ``session.json`` the worker's resumable conversation, ``stdout.ndjson`` the worker's
 append-only event transcript, ``stderr.log`` its diagnostics and ``worker.lock`` the
-lock a worker holds on its directory for as long as it runs.
+lock a worker holds on its directory for as long as it runs. The names are spelled in
+``layout``; this module reads and writes the files.
 
 This module knows paths and files; ``registry`` knows which agents are live. It also
 owns the one rule that keeps ``resume`` safe: a session dir is accepted only if it
@@ -22,21 +23,19 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from worker_agent.layout import agents_dir, lock_file, manifest_file
 from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError
 from worker_agent.session import SessionError, atomic_write, load_session
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.json"
-LOCK_FILE = "worker.lock"
-STDERR_FILE = "stderr.log"
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self.agents_dir = self.root / "agents"
+        self.agents_dir = agents_dir(self.root)
 
     def prepare(self) -> None:
         self.agents_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -59,7 +58,7 @@ class Store:
     def save_manifest(self, record: AgentRecord, *, durable: bool = True) -> None:
         directory = self.agents_dir / record.id
         atomic_write(
-            directory / MANIFEST_FILE, record.model_dump_json(indent=2).encode(), durable=durable
+            manifest_file(directory), record.model_dump_json(indent=2).encode(), durable=durable
         )
 
     def load_manifests(self) -> list[AgentRecord]:
@@ -68,7 +67,7 @@ class Store:
         if not self.agents_dir.is_dir():
             return records
         for entry in sorted(self.agents_dir.iterdir()):
-            manifest = entry / MANIFEST_FILE
+            manifest = manifest_file(entry)
             # A symlinked agent dir could point anywhere; only real directories are ours.
             if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
                 continue
@@ -139,7 +138,7 @@ class Store:
 
 def lock_is_held(session_dir: Path) -> bool:
     """True while some worker process holds the directory's lock."""
-    path = session_dir / LOCK_FILE
+    path = lock_file(session_dir)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

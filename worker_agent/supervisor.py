@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worker_agent import proto
+from worker_agent.layout import drain_deadline_file, session_file, stderr_file, transcript_file
 from worker_agent.process import LaunchError, WorkerProcess, render_command
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, ResumeRef
 from worker_agent.registry import Agent, Registry
@@ -32,7 +33,7 @@ from worker_agent.session import (
     sync_filesystem,
 )
 from worker_agent.settings import DaemonSettings
-from worker_agent.store import STDERR_FILE, Store, lock_is_held
+from worker_agent.store import Store, lock_is_held
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Supervisor:
         self.registry = Registry(self.store)
         self.started_at = time.monotonic()
         self.socket_path = settings.socket_path().resolve()
-        self.deadline_file = self.store.root / "run" / "drain_deadline"
+        self.deadline_file = drain_deadline_file(self.store.root)
         self._drain: asyncio.Task[list[ResumeRef]] | None = None
         self.stopping = asyncio.Event()
 
@@ -223,8 +224,8 @@ class Supervisor:
                 argv,
                 env=env,
                 cwd=cwd,
-                stdout=directory / "stdout.ndjson",
-                stderr=directory / STDERR_FILE,
+                stdout=transcript_file(directory),
+                stderr=stderr_file(directory),
             )
         except LaunchError as exc:
             self.registry.update(agent, status=AgentStatus.FAILED, error=str(exc))
@@ -305,7 +306,7 @@ class Supervisor:
                 ErrorKind.INVALID_STATE, f"agent {agent_id} is {agent.record.status}", agent_id
             )
         directory = Path(agent.record.session_dir)
-        if (directory / "session.json").exists():
+        if session_file(directory).exists():
             await self._resume(directory, agent.record.spec)
         else:
             agent.stop_reason = None
@@ -389,7 +390,7 @@ class Supervisor:
         directory = Path(agent.record.session_dir)
         record = agent.record
         try:
-            raw = (directory / "session.json").read_bytes()
+            raw = session_file(directory).read_bytes()
         except OSError as exc:
             return ResumeRef(
                 id=agent.id,
@@ -403,7 +404,7 @@ class Supervisor:
         error: str | None = None
         turns = record.turns
         try:
-            turns = decode_session(raw, source=str(directory / "session.json")).turns
+            turns = decode_session(raw, source=str(session_file(directory))).turns
         except SessionError as exc:
             error = str(exc)
         if error is None and record.exit not in (0, None):

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker_agent.layout import lock_file, session_file
 from worker_agent.providers import ProviderError, make_provider
 from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_parent(os.environ.get("CALIBAN_SUPERVISOR_PID"))
     session_dir: Path = args.session_dir
-    lock_fd = os.open(session_dir / "worker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock_fd = os.open(lock_file(session_dir), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         recover_transcript(session_dir, session)
         emit({"type": "resumed", "from_turn": session.turns + 1})
     else:
-        if (session_dir / "session.json").exists():
+        if session_file(session_dir).exists():
             return fail(
                 EXIT_BAD_SESSION,
                 f"{session_dir} already holds a conversation; start with --resume to continue it",

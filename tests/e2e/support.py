@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,49 +15,36 @@ import pytest
 import yaml
 
 from orchestrator.ledger import Ledger
+from orchestrator.testing import DevStackProcess
 from tests.support import wait_until
+from worker_agent import layout
 
 SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 
 
-class DevStack:
+class DevStack(DevStackProcess):
+    """``drainctl dev up`` from the testing kit, started at once, with kubectl helpers."""
+
     def __init__(self, root: Path, broker: str, database: str, *extra: str) -> None:
         if shutil.which("kubectl") is None:
             pytest.skip("kubectl is not installed")
-        self.root = root
-        self.kubeconfig = root / "kubeconfig.yaml"
-        self.state = root / "state"
-        self.env = {
-            **os.environ,
-            "DRAIN_BROKER_URL": broker,
-            "DRAIN_RESULT_BACKEND": broker,
-            "DRAIN_DATABASE_URL": database,
-            "DRAIN_RECONCILE_INTERVAL_SECS": "0.5",
-            "DRAIN_HEARTBEAT_INTERVAL_SECS": "2",
-            "DRAIN_HEARTBEAT_POLL_SECS": "0.2",
-            "DRAIN_VISIBILITY_TIMEOUT_SECS": "10",
-            "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",
-            "DRAIN_SWEEP_INTERVAL_SECS": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
+        super().__init__(
+            root,
+            *extra,
+            env={
+                "DRAIN_BROKER_URL": broker,
+                "DRAIN_RESULT_BACKEND": broker,
+                "DRAIN_DATABASE_URL": database,
+                "DRAIN_RECONCILE_INTERVAL_SECS": "0.5",
+                "DRAIN_HEARTBEAT_INTERVAL_SECS": "2",
+                "DRAIN_HEARTBEAT_POLL_SECS": "0.2",
+                "DRAIN_VISIBILITY_TIMEOUT_SECS": "10",
+                "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",
+                "DRAIN_SWEEP_INTERVAL_SECS": "1",
+            },
+        )
         self.ledger = Ledger.from_url(database)
-        self.log = root / "dev-up.log"
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.cli", "dev", "up", "--kubeconfig",
-                 str(self.kubeconfig), "--state-dir", str(self.state), "--log-level", "INFO",
-                 *extra],
-                stdout=out, stderr=subprocess.STDOUT, env=self.env,
-            )  # fmt: skip
-        wait_until(self._ready, 90, "the dev stack (kubectl get crd calibantasks)")
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"dev up exited: {self.log.read_text()[-3000:]}")
-        if not self.kubeconfig.exists():
-            return False
-        probe = self.kubectl("get", "crd", "calibantasks.caliban.caliban-ai.dev", check=False)
-        return probe.returncode == 0
+        self.start()
 
     def kubectl(
         self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 120
@@ -98,26 +82,20 @@ class DevStack:
         return self.state / "sandboxes" / "volumes" / namespace / pvc
 
     def agent_dirs(self, namespace: str, pvc: str) -> list[Path]:
-        agents = self.volume(namespace, pvc) / "agents"
+        agents = layout.agents_dir(self.volume(namespace, pvc))
         return sorted(p for p in agents.iterdir() if p.is_dir()) if agents.is_dir() else []
 
     def operator_pid(self) -> int | None:
         import psutil
 
         with contextlib.suppress(psutil.NoSuchProcess):
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
+            for child in psutil.Process(self.pid).children(recursive=True):
                 if "operator" in child.cmdline() and "orchestrator.cli" in child.cmdline():
                     return int(child.pid)
         return None
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.stop(90)
         self.ledger.dispose()
 
 

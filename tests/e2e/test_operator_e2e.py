@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
+from worker_agent import layout
 from worker_agent.session import count_completed_turns, load_session
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def pvc_of(stack: DevStack, namespace: str, name: str) -> str:
 
 def turns_on_disk(stack: DevStack, namespace: str, pvc: str) -> dict[str, int]:
     return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
-            if (d / "session.json").exists()}  # fmt: skip
+            if layout.session_file(d).exists()}  # fmt: skip
 
 
 def wait_turns(stack: DevStack, namespace: str, pvc: str, count: int, at_least: int) -> None:
@@ -111,7 +112,8 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
     stack.kubectl("annotate", "ctask", "napper", "caliban.caliban-ai.dev/wake=now", "--overwrite")
     stack.wait_phase("default", "napper", "Running", timeout=120)
     transcripts = [
-        d / "stdout.ndjson" for d in stack.agent_dirs("default", pvc_of(stack, "default", "napper"))
+        layout.transcript_file(d)
+        for d in stack.agent_dirs("default", pvc_of(stack, "default", "napper"))
     ]
     wait_until(
         lambda: all('"from_turn": 3' in t.read_text() for t in transcripts),

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support import DaemonProcess, wait_until
+from worker_agent import layout
 from worker_agent.client import ControlError
 from worker_agent.proto import AgentStatus, ResumeRef
 from worker_agent.session import count_completed_turns, load_session
@@ -25,13 +26,13 @@ LONG_SCRIPT = "turns=100000,turn_ms=100"
 
 
 def transcript(session_dir: Path) -> list[dict[str, Any]]:
-    lines = (session_dir / "stdout.ndjson").read_text().splitlines()
+    lines = layout.transcript_file(session_dir).read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
 def assert_ref_matches_disk(store: Path, ref: ResumeRef) -> None:
     directory = store / ref.session_dir
-    raw = (directory / "session.json").read_bytes()
+    raw = layout.session_file(directory).read_bytes()
     session = load_session(directory)
     assert ref.turns == session.turns == count_completed_turns(directory), ref
     assert ref.session_sha256 == hashlib.sha256(raw).hexdigest()
@@ -118,7 +119,7 @@ def test_corrupt_session_json_is_reported_unclean_and_refused_on_resume(
     victim, bystander = daemon.spawn_working(2, "turns=100000,turn_ms=20", 2)
     with daemon.client() as client:
         refs = {r.id: r for r in client.drain(grace_secs=10)}
-    path = daemon.store / refs[victim].session_dir / "session.json"
+    path = layout.session_file(daemon.store / refs[victim].session_dir)
     good = path.read_bytes()
     for corrupt, complaint in [
         (good[: len(good) // 2], "not valid JSON"),
@@ -150,7 +151,7 @@ def test_daemon_sigkill_leaves_crashed_agents_that_resume_without_loss(
     ids = daemon.spawn_working(5, "turns=100000,turn_ms=50", 2)
     daemon.signal(signal.SIGKILL)
     daemon.wait()
-    dirs = [daemon.store / "agents" / i for i in ids]
+    dirs = [layout.agent_dir(daemon.store, i) for i in ids]
     # Orphaned workers get SIGTERM from the kernel (parent-death signal), flush and exit.
     wait_until(lambda: not any(lock_is_held(d) for d in dirs), 30, "orphans to let go")
     saved = {d.name: load_session(d) for d in dirs}
@@ -184,8 +185,8 @@ def test_sigterm_to_the_daemon_drains_its_agents_before_it_exits(
     daemon.signal(signal.SIGTERM)
     assert daemon.wait() == 0
     for agent_id in ids:
-        directory = daemon.store / "agents" / agent_id
-        manifest = json.loads((directory / "manifest.json").read_text())
+        directory = layout.agent_dir(daemon.store, agent_id)
+        manifest = json.loads(layout.manifest_file(directory).read_text())
         assert manifest["status"] == "drained"
         assert manifest["exit"] == 0
         assert load_session(directory).turns == count_completed_turns(directory) >= 1
@@ -211,7 +212,7 @@ def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
         killed = client.call("kill", id=agent_id)
         assert killed.kind == "killed"
         assert daemon.records()[agent_id].status is AgentStatus.KILLED
-        turns = load_session(daemon.store / "agents" / agent_id).turns
+        turns = load_session(layout.agent_dir(daemon.store, agent_id)).turns
         client.call("respawn", id=agent_id)
         wait_until(lambda: daemon.records()[agent_id].turns > turns, 30, "respawned agent")
         with pytest.raises(ControlError) as live:
@@ -219,7 +220,7 @@ def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
         assert live.value.body.kind == "invalid_state"
         client.call("rm", id=agent_id, force=True)
         assert agent_id not in daemon.records()
-    assert not (daemon.store / "agents" / agent_id).exists()
+    assert not layout.agent_dir(daemon.store, agent_id).exists()
 
 
 def test_missing_transcript_turns_are_recovered_on_resume(daemon: DaemonProcess) -> None:
@@ -229,9 +230,9 @@ def test_missing_transcript_turns_are_recovered_on_resume(daemon: DaemonProcess)
     with daemon.client() as client:
         [ref] = client.drain(grace_secs=5)
     directory = daemon.store / ref.session_dir
-    lines = (directory / "stdout.ndjson").read_text().splitlines(keepends=True)
+    lines = layout.transcript_file(directory).read_text().splitlines(keepends=True)
     last = max(i for i, line in enumerate(lines) if '"turn_complete"' in line)
-    (directory / "stdout.ndjson").write_text("".join(lines[:last]))
+    layout.transcript_file(directory).write_text("".join(lines[:last]))
     assert count_completed_turns(directory) == 3
     with daemon.client() as client:
         client.resume(ref.session_dir)

@@ -12,6 +12,7 @@ import pytest
 from orchestrator.ledger import CheckpointView
 from tests.pipeline_support import Stack, fresh_postgres, fresh_sqlite, redis_db_url
 from tests.support import DaemonProcess, wait_until
+from worker_agent import layout
 from worker_agent.session import count_completed_turns, load_session
 
 
@@ -115,7 +116,7 @@ def test_resume_with_missing_and_corrupt_session_dirs_resumes_the_rest(stack: St
     ref = drained.stdout.strip()
     with daemon.client() as client:
         client.call("rm", id=missing)
-    path = daemon.store / "agents" / corrupt / "session.json"
+    path = layout.session_file(layout.agent_dir(daemon.store, corrupt))
     path.write_bytes(path.read_bytes()[:20])
 
     resumed = stack.drainctl("resume", "team-a/task-2", "--checkpoint", ref, "--json", "--wait")
@@ -168,7 +169,7 @@ def test_a_drain_for_a_daemon_that_is_gone_expires_and_is_reported(
             60,
             "the late consumer to discard the expired message",
         )
-        assert not (daemon.store / "ops").exists()
+        assert not layout.ops_dir(daemon.store).exists()
     finally:
         stack.close()
 
@@ -206,5 +207,5 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     records = daemon.records()
     assert {records[i].status.value for i in ids} == {"drained"}
     for agent_id in ids:
-        events = (daemon.store / "agents" / agent_id / "stdout.ndjson").read_text()
+        events = layout.transcript_file(layout.agent_dir(daemon.store, agent_id)).read_text()
         assert events.count('"type": "resumed"') == 1

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import DaemonProcess, short_tmp
+from worker_agent import layout
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.proto import AgentStatus
 
@@ -40,7 +41,7 @@ def snapshot(root: Path) -> Snapshot:
 def fake_session(directory: Path, agent_id: str) -> None:
     directory.mkdir(parents=True)
     doc = {"version": 1, "agent_id": agent_id, "turns": 1, "messages": []}
-    (directory / "session.json").write_text(json.dumps(doc))
+    layout.session_file(directory).write_text(json.dumps(doc))
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def test_a_manifest_behind_a_symlink_cannot_point_rm_outside_the_store() -> None
             "created_at": now,
             "updated_at": now,
         }
-        (planted / "manifest.json").write_text(json.dumps(manifest))
+        layout.manifest_file(planted).write_text(json.dumps(manifest))
         agents = tmp / "store" / "agents"
         agents.mkdir(parents=True)
         (agents / "evil").symlink_to(planted, target_is_directory=True)
@@ -225,7 +226,7 @@ def test_a_manifest_whose_session_dir_points_outside_is_not_trusted() -> None:
             "created_at": now,
             "updated_at": now,
         }
-        (agent_dir / "manifest.json").write_text(json.dumps(manifest))
+        layout.manifest_file(agent_dir).write_text(json.dumps(manifest))
         daemon = DaemonProcess(tmp).start()
         try:
             with SupervisorClient(socket_path=daemon.socket, timeout=30) as client:

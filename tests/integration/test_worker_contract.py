@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.support import DaemonProcess, wait_until
+from worker_agent import layout
 from worker_agent.proto import AgentStatus
 from worker_agent.session import Session, count_completed_turns, load_session, save_session
 
@@ -22,7 +23,7 @@ def start_worker(
     return subprocess.Popen(
         [sys.executable, "-m", "worker_agent.worker", "--session-dir", str(session_dir),
          "--agent-id", session_dir.name, *args],
-        stdout=(session_dir / "stdout.ndjson").open("ab"), stderr=subprocess.PIPE, env=env,
+        stdout=layout.transcript_file(session_dir).open("ab"), stderr=subprocess.PIPE, env=env,
     )  # fmt: skip
 
 
@@ -30,24 +31,24 @@ def test_resume_refuses_a_corrupt_session_and_leaves_it_alone(tmp_path: Path) ->
     """Tried: --resume on a session.json cut in half."""
     directory = tmp_path / "a1"
     directory.mkdir()
-    (directory / "session.json").write_bytes(b'{"version": 1, "agent_id": "a1", "tu')
+    layout.session_file(directory).write_bytes(b'{"version": 1, "agent_id": "a1", "tu')
     worker = start_worker(directory, "--resume")
     _, err = worker.communicate(timeout=30)
     assert worker.returncode == 2
     assert b"cannot resume" in err and b"not valid JSON" in err
-    assert (directory / "session.json").read_bytes() == b'{"version": 1, "agent_id": "a1", "tu'
+    assert layout.session_file(directory).read_bytes() == b'{"version": 1, "agent_id": "a1", "tu'
 
 
 def test_fresh_start_refuses_to_overwrite_an_existing_conversation(tmp_path: Path) -> None:
     directory = tmp_path / "a1"
     directory.mkdir()
     save_session(directory, Session("a1", 4, [{"role": "user", "content": "x"}], {}, ""))
-    before = (directory / "session.json").read_bytes()
+    before = layout.session_file(directory).read_bytes()
     worker = start_worker(directory)
     _, err = worker.communicate(timeout=30)
     assert worker.returncode == 2
     assert b"already holds a conversation" in err
-    assert (directory / "session.json").read_bytes() == before
+    assert layout.session_file(directory).read_bytes() == before
 
 
 def test_two_workers_never_share_a_session_dir(tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_sigterm_mid_turn_flushes_and_exits_zero(tmp_path: Path) -> None:
     wait_until(lambda: count_completed_turns(directory) >= 2, 30, "two turns")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
-    events = [json.loads(x) for x in (directory / "stdout.ndjson").read_text().splitlines()]
+    events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
     assert events[-1]["type"] == "stopped"
     assert events[-1]["turns"] == load_session(directory).turns == count_completed_turns(directory)
 
@@ -84,7 +85,7 @@ def test_unknown_provider_fails_the_agent_with_a_clear_reason(daemon: DaemonProc
         agent_id = client.spawn(provider="nope").id
     records = daemon.wait_for_status([agent_id], {AgentStatus.FAILED})
     assert records[agent_id].exit == 4
-    stderr = (daemon.store / "agents" / agent_id / "stderr.log").read_text()
+    stderr = layout.stderr_file(layout.agent_dir(daemon.store, agent_id)).read_text()
     assert "unknown provider 'nope'" in stderr
 
 
@@ -93,7 +94,7 @@ def test_sigterm_during_start_up_still_exits_cleanly(tmp_path: Path) -> None:
     directory = tmp_path / "a1"
     directory.mkdir()
     worker = start_worker(directory, model="turns=100000,turn_ms=50")
-    wait_until(lambda: (directory / "worker.lock").exists(), 30, "the worker to take its lock")
+    wait_until(lambda: layout.lock_file(directory).exists(), 30, "the worker to take its lock")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert load_session(directory).turns == count_completed_turns(directory)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from worker_agent import layout
 from worker_agent.process import LaunchError, render_command
 from worker_agent.providers import ProviderError, ScriptedConfig, parse_scripted_model
 from worker_agent.session import (
@@ -25,7 +26,7 @@ from worker_agent.session import (
 def test_save_then_load_round_trips_and_hashes_the_bytes(tmp_path: Path) -> None:
     session = Session("a1", 2, [{"role": "user", "content": "hi"}], {"model": "m"}, "")
     sha = save_session(tmp_path, session)
-    raw = (tmp_path / "session.json").read_bytes()
+    raw = layout.session_file(tmp_path).read_bytes()
     assert sha == hashlib.sha256(raw).hexdigest()
     loaded = load_session(tmp_path)
     assert (loaded.agent_id, loaded.turns, loaded.messages, loaded.extra) == (
@@ -64,7 +65,7 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_corrupt_session_documents_are_refused_with_the_reason(raw: bytes, complaint: str) -> None:
     with pytest.raises(SessionError, match=complaint):
-        decode_session(raw, source="session.json")
+        decode_session(raw, source=layout.SESSION_FILE)
 
 
 def test_missing_session_file_says_no_turn_was_saved(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_missing_session_file_says_no_turn_was_saved(tmp_path: Path) -> None:
 
 def test_transcript_count_skips_a_torn_last_line(tmp_path: Path) -> None:
     lines = [json.dumps({"type": "turn_complete", "turn": i}) for i in (1, 2)]
-    (tmp_path / "stdout.ndjson").write_text("\n".join(lines) + '\n{"type": "turn_comp')
+    layout.transcript_file(tmp_path).write_text("\n".join(lines) + '\n{"type": "turn_comp')
     assert count_completed_turns(tmp_path) == 2
     assert count_completed_turns(tmp_path / "missing") == 0
 

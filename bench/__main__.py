@@ -1,0 +1,79 @@
+"""``python -m bench``: run the benchmarks, print the report, optionally record it.
+
+``python -m bench [--scenario drain|pipeline|delete ...] [--quick] [--write]``. Exit 0
+when every check passes (under ``--quick`` the budgets are advisory: small N and one
+repetition say nothing about them, so only correctness decides), 1 when a budget is
+missed, 2 when a correctness check fails or a scenario errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+import traceback
+
+from bench import delete, drain, pipeline, report
+from worker_agent.testing import short_tmp
+
+SCENARIOS = ("drain", "pipeline", "delete")
+
+
+def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
+    if name == "drain":
+        return drain.run(args.quick)
+    with short_tmp(f"cd-{name[:3]}-") as root:
+        if name == "pipeline":
+            return pipeline.run(args.quick, root, args.redis_port, args.database_url)
+        return delete.run(args.quick, root, args.redis_port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        help="run only this scenario (repeatable; default all)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
+    parser.add_argument("--write", action="store_true", help="write results.json and RESULTS.md")
+    parser.add_argument(
+        "--redis-port",
+        type=int,
+        default=int(os.environ.get("DRAIN_TEST_REDIS_PORT", "6379")),
+        help="the Redis on 127.0.0.1 to use (default $DRAIN_TEST_REDIS_PORT or 6379)",
+    )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="pipeline ledger (its tables are dropped); default SQLite",
+    )
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    host = report.machine()
+    print(f"# {command}: {report.machine_line(host)}", flush=True)
+    scenarios, failed = [], False
+    for name in args.scenario or SCENARIOS:
+        began = time.monotonic()
+        try:
+            scenarios.append(run_one(name, args))
+        except Exception:
+            traceback.print_exc()
+            print(f"scenario {name} FAILED (error above)", file=sys.stderr)
+            failed = True
+        print(f"  ({name}: {time.monotonic() - began:.0f} s)", flush=True)
+    print("\n" + report.render(scenarios, command, host, args.quick))
+    if args.write and scenarios:
+        report.write(scenarios, command, host, args.quick)
+        print(f"\nwrote {report.RESULTS_JSON} and {report.RESULTS_MD}")
+    checks = [c for s in scenarios for c in s.checks]
+    if failed or any(not c.ok and not c.budget for c in checks):
+        return 2
+    return 0 if args.quick or all(c.ok for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""``python -m bench --quick`` (the CI smoke of the benchmarks) runs every scenario on
+this machine's Redis and answers figures and checks for each."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_support import REDIS_PORT, redis_db_url
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_the_quick_benchmark_exits_0_with_results_for_every_scenario(tmp_path: Path) -> None:
+    redis_db_url(13)  # skips, saying how to start it, when Redis is not there
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    copy = tmp_path / "bench"
+    shutil.copytree(REPO / "bench", copy)  # --write must not touch the checkout's results
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--write", "--redis-port", str(REDIS_PORT)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((copy / "results.json").read_text())
+    assert results["quick"] is True
+    assert sorted(results["scenarios"]) == ["delete", "drain", "pipeline"]
+    for name, scenario in results["scenarios"].items():
+        assert scenario["checks"], name
+        assert all(c["ok"] for c in scenario["checks"] if not c["budget"]), (name, scenario)
+    text = (copy / "RESULTS.md").read_text()
+    assert "python -m bench --quick --write" in text
+    assert text.count("### ") >= 3
