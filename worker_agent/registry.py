@@ -10,6 +10,7 @@ kept in memory only, because a restarted daemon turns every live agent into
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 from worker_agent.process import WorkerProcess
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError
 from worker_agent.store import Store
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,11 +85,20 @@ class Registry:
     def update(
         self, agent: Agent, *, durable: bool = True, persist: bool = True, **changes: Any
     ) -> None:
-        """Change a record; ``persist=False`` keeps a volatile change in memory only."""
+        """Change a record; ``persist=False`` keeps a volatile change in memory only.
+
+        A manifest that cannot be written (a full or failing disk) leaves the change in
+        memory and the old manifest whole on disk, logged: a drain, a stop or a restart
+        must go on. The stale manifest errs on the safe side — it still says the agent
+        was live, so a restarted daemon marks it ``crashed`` and it can be resumed.
+        """
         changes["updated_at"] = time.time()
         agent.record = agent.record.model_copy(update=changes)
         if persist:
-            self.store.save_manifest(agent.record, durable=durable)
+            try:
+                self.store.save_manifest(agent.record, durable=durable)
+            except OSError as exc:
+                log.warning("manifest_unwritten agent=%s error=%s", agent.id, exc)
 
     def live(self) -> list[Agent]:
         return [a for a in self if a.live]

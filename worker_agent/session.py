@@ -11,6 +11,7 @@ old one, and the directory is fsynced so the rename itself survives a crash.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -84,15 +85,21 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (ENOSPC, EIO) leaves the old file whole and no partial temp file.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if durable:
         fsync_dir(path.parent)
 
@@ -158,3 +165,26 @@ def count_completed_turns(session_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     return count
+
+
+MAX_UNANNOUNCED_TURNS = 1
+"""A worker saves ``session.json`` and only then announces the turn in the transcript, so
+a crash between the two can leave exactly one completed turn unannounced, never more."""
+
+
+def check_transcript(session_dir: Path, session: Session) -> int:
+    """How many turns the transcript has yet to announce (0 or 1), or ``SessionError``.
+
+    A session that claims more completed turns than that over its transcript was not
+    written by the worker contract (edited, or mixed up with another agent's): resuming
+    it would invent turns that never happened.
+    """
+    announced = count_completed_turns(session_dir)
+    missing = session.turns - announced
+    if not 0 <= missing <= MAX_UNANNOUNCED_TURNS:
+        raise SessionError(
+            f"{session_dir / SESSION_FILE} records {session.turns} completed turns but "
+            f"{session_dir / TRANSCRIPT_FILE} announces {announced}; a crash can leave at "
+            f"most {MAX_UNANNOUNCED_TURNS} unannounced, so this session is not resumable as is"
+        )
+    return missing

@@ -6,7 +6,9 @@ append-only event transcript, ``stderr.log`` its diagnostics and ``worker.lock``
 lock a worker holds on its directory for as long as it runs.
 
 This module knows paths and files; ``registry`` knows which agents are live. It also
-owns the one rule that keeps ``resume`` safe: a session dir is accepted only if it
+owns the two rules that keep a store safe: one daemon per store (``<store>/run/daemon.lock``,
+an exclusive ``flock`` held for the daemon's lifetime, taken before anything in the store
+or its socket is touched), and a session dir is accepted by ``resume`` only if it
 resolves, after symlinks, to an agent directory inside this store.
 """
 
@@ -23,20 +25,52 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError
-from worker_agent.session import SessionError, atomic_write, load_session
+from worker_agent.session import SessionError, atomic_write, check_transcript, load_session
 
 log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
+DAEMON_LOCK_FILE = "daemon.lock"
+"""Under ``<store>/run/``: held exclusively by the one daemon that serves the store."""
 LOCK_FILE = "worker.lock"
 STDERR_FILE = "stderr.log"
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class StoreInUse(Exception):
+    """Another daemon holds this store; the message names it and what to do."""
 
 
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self.agents_dir = self.root / "agents"
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the store for this process, or raise ``StoreInUse`` naming the holder.
+
+        Two daemons on one store would each believe they own its agents: the second
+        would mark the first's running agents ``crashed`` and answer drains for workers
+        it does not control. The lock is released by the kernel when the process dies,
+        however it dies, so a SIGKILLed daemon never leaves a stale lock behind.
+        """
+        run_dir = self.root / "run"
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = run_dir / DAEMON_LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreInUse(
+                f"store {self.root} is in use by another daemon (pid {holder}); stop it "
+                "first, or give this daemon its own --store"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     def prepare(self) -> None:
         self.agents_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -69,14 +103,15 @@ class Store:
             return records
         for entry in sorted(self.agents_dir.iterdir()):
             manifest = entry / MANIFEST_FILE
-            # A symlinked agent dir could point anywhere; only real directories are ours.
-            if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
-                continue
-            if manifest.is_symlink() or not manifest.is_file():
-                continue
             try:
+                # A symlinked agent dir could point anywhere; only real directories are ours.
+                if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
+                    continue
+                if manifest.is_symlink() or not manifest.is_file():
+                    continue
                 record = AgentRecord.model_validate_json(manifest.read_bytes())
             except (ValidationError, OSError) as exc:
+                # One unreadable directory must not keep the daemon from serving the rest.
                 log.warning("manifest_unreadable path=%s error=%s", manifest, exc)
                 continue
             if record.id != entry.name:
@@ -94,7 +129,18 @@ class Store:
             raise ProtocolError(
                 ErrorKind.INVALID_STATE, f"{directory} is not a directory of this store", agent_id
             )
-        shutil.rmtree(directory, ignore_errors=True)
+        failures: list[str] = []
+
+        def note(_func: object, path: str, exc_info: object) -> None:
+            failures.append(f"{path}: {exc_info[1] if isinstance(exc_info, tuple) else exc_info}")
+
+        shutil.rmtree(directory, onerror=note)
+        if directory.exists() or failures:
+            raise ProtocolError(
+                ErrorKind.INTERNAL,
+                f"could not remove {directory}: {failures[0] if failures else 'still present'}",
+                agent_id,
+            )
 
     def resolve_session_dir(self, raw: str) -> Path:
         """The agent directory ``raw`` names, or ``ProtocolError`` if it is not one of ours.
@@ -124,6 +170,7 @@ class Store:
         """The number of completed turns to resume from, or a clear refusal."""
         try:
             session = load_session(session_dir)
+            check_transcript(session_dir, session)
         except SessionError as exc:
             raise ProtocolError(
                 ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"

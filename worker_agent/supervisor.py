@@ -53,6 +53,8 @@ class Supervisor:
         self.stopping = asyncio.Event()
 
     def open(self) -> None:
+        """Take the store (refusing one another daemon holds), then load its agents."""
+        self.store.lock()
         self.store.prepare()
         crashed = self.registry.reload()
         log.info(
@@ -162,6 +164,10 @@ class Supervisor:
                     agent_id,
                 )
             await asyncio.sleep(0.05)
+        # The wait above yields to the event loop: a drain (or shutdown) that began
+        # meanwhile must not get a worker launched behind its back, which it would then
+        # report stopped and clean while the worker keeps taking turns.
+        self._refuse_while_draining("resume")
         now = time.time()
         if existing is None:
             record = AgentRecord(
@@ -235,6 +241,8 @@ class Supervisor:
 
     async def _watch_exit(self, agent: Agent, process: WorkerProcess) -> None:
         code = await process.exited
+        if not await process.kill_group():
+            log.warning("agent_group_lingers agent=%s pgid=%d", agent.id, process.pid)
         if agent.process is not process:
             return
         agent.process = None
@@ -347,8 +355,14 @@ class Supervisor:
     async def _drain_all(self, grace: float) -> list[ResumeRef]:
         started = time.monotonic()
         stopping = [a for a in self.registry.live() if a.process is not None]
-        self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
+        try:
+            self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
+        except OSError as exc:
+            # A full or read-only disk must not stop a drain before it starts: workers
+            # without the file fall back to CALIBAN_DRAIN_GRACE_SECS, and every session
+            # already on disk is still verified below.
+            log.warning("drain_deadline_unwritten path=%s error=%s", self.deadline_file, exc)
         for agent in stopping:  # signal first; bookkeeping after
             assert agent.process is not None
             agent.stop_reason = AgentStatus.DRAINED

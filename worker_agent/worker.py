@@ -36,7 +36,7 @@ from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
     Session,
     SessionError,
-    count_completed_turns,
+    check_transcript,
     load_session,
     save_session,
 )
@@ -251,10 +251,11 @@ class Worker:
 
 
 def recover_transcript(session_dir: Path, session: Session) -> None:
-    """Re-emit ``turn_complete`` for turns saved but not yet announced (a SIGKILL between
-    the two writes), so the transcript again has exactly one per completed turn."""
-    announced = count_completed_turns(session_dir)
-    for turn in range(announced + 1, session.turns + 1):
+    """Re-emit ``turn_complete`` for the turn saved but not yet announced (a SIGKILL
+    between the two writes), so the transcript again has exactly one per completed turn.
+    ``check_transcript`` has refused a session that is further ahead than that."""
+    missing = check_transcript(session_dir, session)
+    for turn in range(session.turns - missing + 1, session.turns + 1):
         emit({"type": "turn_complete", "turn": turn, "recovered": True})
 
 
@@ -299,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"cannot resume: session.json belongs to {session.agent_id!r}, "
                 f"not {args.agent_id!r}",
             )
-        recover_transcript(session_dir, session)
+        try:
+            recover_transcript(session_dir, session)
+        except SessionError as exc:
+            return fail(EXIT_BAD_SESSION, f"cannot resume: {exc}")
         emit({"type": "resumed", "from_turn": session.turns + 1})
     else:
         if (session_dir / "session.json").exists():
