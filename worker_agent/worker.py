@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker_agent.children import die_with_parent
 from worker_agent.providers import ProviderError, make_provider
 from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
@@ -44,7 +44,6 @@ from worker_agent.session import (
 EXIT_BAD_SESSION = 2
 EXIT_LOCKED = 3
 EXIT_BAD_CONFIG = 4
-PR_SET_PDEATHSIG = 1
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -56,16 +55,6 @@ def fail(code: int, message: str) -> int:
     sys.stderr.write(f"worker: {message}\n")
     sys.stderr.flush()
     return code
-
-
-def die_with_parent(expected_parent: str | None) -> None:
-    """Ask the kernel for SIGTERM when the daemon dies, so an orphan flushes and exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if expected_parent and str(os.getppid()) != expected_parent:
-        os.kill(os.getpid(), signal.SIGTERM)  # the daemon died before prctl took effect
 
 
 class Reporter:
@@ -282,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     # loop takes over, instead of dying of the default SIGTERM action mid-start.
     signal.signal(signal.SIGTERM, _stop_early)
     args = parse_args(argv)
-    die_with_parent(os.environ.get("CALIBAN_SUPERVISOR_PID"))
+    # When the daemon dies the worker flushes and exits (SIGTERM is its drain signal).
+    supervisor_pid = os.environ.get("CALIBAN_SUPERVISOR_PID")
+    die_with_parent(signal.SIGTERM, int(supervisor_pid) if supervisor_pid else None)
     session_dir: Path = args.session_dir
     lock_fd = os.open(session_dir / "worker.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:

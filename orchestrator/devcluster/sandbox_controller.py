@@ -34,6 +34,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from worker_agent.children import dying_with_this_process
+
 log = logging.getLogger(__name__)
 
 SANDBOX_CRD = "sandboxes.agents.x-k8s.io"
@@ -170,7 +172,7 @@ class SandboxController:
         with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=dying_with_this_process(),
             )  # fmt: skip
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
         self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims)

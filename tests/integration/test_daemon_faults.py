@@ -396,3 +396,35 @@ def test_a_session_claiming_turns_it_never_announced_is_refused(daemon: DaemonPr
     with daemon.client() as client, pytest.raises(ControlError, match="announces"):
         client.resume(f"agents/{agent_id}")
     assert (directory / "stdout.ndjson").stat().st_size == transcript_size
+
+
+# ---------------------------------------------------------------------------- orphans
+
+
+def test_a_daemon_killed_outright_takes_its_consumer_and_workers_with_it(
+    tmp_short: Path,
+) -> None:
+    """Tried: SIGKILL of a daemon that runs a Celery consumer child and agents."""
+    import psutil
+
+    from tests.pipeline_support import Stack, consumer_pid, fresh_sqlite, redis_db_url
+
+    stack = Stack(tmp_short, redis_db_url(db=13), fresh_sqlite(tmp_short))
+    try:
+        daemon = stack.start_daemon("team-a", "orphans")
+        daemon.spawn_working(2, "turns=100000,turn_ms=20", 1)
+        consumer = wait_until(lambda: consumer_pid(daemon), 30, "the daemon's consumer")
+        assert daemon.proc is not None
+        workers = [c.pid for c in psutil.Process(daemon.proc.pid).children() if c.pid != consumer]
+        daemon.signal(signal.SIGKILL)
+        daemon.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        wait_until(lambda: all(gone(p) for p in [consumer, *workers]), 30, "no orphan left")
+    finally:
+        stack.close()
