@@ -172,6 +172,11 @@ class DrainRequest(_Request):
 class ResumeRequest(_Request):
     kind: Literal["resume"]
     session_dir: str = Field(min_length=1)
+    expect_turns: int | None = Field(default=None, ge=0)
+    """When resuming a checkpoint: the turns it recorded. A session on disk that differs
+    (the workspace moved on since) is refused rather than resumed as something else."""
+    expect_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """When resuming a checkpoint: the sha256 of the session.json it recorded."""
 
 
 Request = Annotated[

@@ -166,6 +166,33 @@ class Store:
             raise ProtocolError(ErrorKind.NOT_FOUND, f"session_dir {raw!r} does not exist")
         return resolved
 
+    def check_expected(self, session_dir: Path, turns: int | None, sha256: str | None) -> None:
+        """Refuse to resume a checkpoint whose session is no longer what it recorded.
+
+        Without a snapshot per checkpoint, a workspace holds only its newest state: an
+        older checkpoint of it cannot be restored, and resuming the newer state in its
+        name would silently start from turns the checkpoint never had.
+        """
+        if turns is None and sha256 is None:
+            return
+        try:
+            session = load_session(session_dir)
+        except SessionError as exc:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"
+            ) from None
+        if (turns is not None and session.turns != turns) or (
+            sha256 is not None and session.sha256 != sha256
+        ):
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"cannot resume {session_dir.name} from this checkpoint: it recorded turn "
+                f"{turns} (session sha256 {(sha256 or '-')[:12]}), the workspace now holds "
+                f"turn {session.turns} ({session.sha256[:12]}); it has moved on since, and "
+                "only a workspace's newest checkpoint can be resumed from it",
+                session_dir.name,
+            )
+
     def check_resumable(self, session_dir: Path) -> int:
         """The number of completed turns to resume from, or a clear refusal."""
         try:

@@ -110,6 +110,7 @@ class Supervisor:
                 return proto.Drained(agents=await self.drain(grace))
             case proto.ResumeRequest(session_dir=session_dir):
                 session = self.store.resolve_session_dir(session_dir)
+                self.store.check_expected(session, request.expect_turns, request.expect_sha256)
                 existing = self.registry.find(session.name)
                 spec = existing.record.spec if existing else proto.SpawnSpec()
                 agent = await self._resume(session, spec)

@@ -428,3 +428,31 @@ def test_a_daemon_killed_outright_takes_its_consumer_and_workers_with_it(
         wait_until(lambda: all(gone(p) for p in [consumer, *workers]), 30, "no orphan left")
     finally:
         stack.close()
+
+
+# ------------------------------------------------------- resuming an older checkpoint
+
+
+def test_resume_of_an_older_checkpoint_is_refused_once_the_workspace_moved_on(
+    daemon: DaemonProcess,
+) -> None:
+    """Tried: drain (checkpoint 1), resume, more turns, drain (checkpoint 2), then a
+    resume that expects checkpoint 1's session."""
+    agent_id = daemon.spawn_working(1, "turns=100000,turn_ms=20", 1)[0]
+    with daemon.client() as client:
+        (older,) = client.drain(10)
+        client.resume(
+            older.session_dir, expect_turns=older.turns, expect_sha256=older.session_sha256
+        )
+    wait_until(lambda: daemon.records()[agent_id].turns > older.turns + 1, 30, "new turns")
+    with daemon.client() as client:
+        (newer,) = client.drain(10)
+        with pytest.raises(ControlError, match="has moved on since"):
+            client.resume(
+                older.session_dir, expect_turns=older.turns, expect_sha256=older.session_sha256
+            )
+        assert not daemon.records()[agent_id].status.live
+        client.resume(
+            newer.session_dir, expect_turns=newer.turns, expect_sha256=newer.session_sha256
+        )
+    assert daemon.records()[agent_id].status.live
