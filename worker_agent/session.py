@@ -23,6 +23,9 @@ from typing import Any
 SESSION_FILE = "session.json"
 TRANSCRIPT_FILE = "stdout.ndjson"
 SESSION_VERSION = 1
+MAX_SESSION_BYTES = 256 * 1024 * 1024
+"""The largest session.json the daemon and workers read: a conversation is text, and a
+file past this is not one a worker wrote (it would also stall a drain reading it)."""
 DRAIN_DEADLINE_ENV = "CALIBAN_DRAIN_DEADLINE_FILE"
 """Names a file the daemon writes once, just before a drain's SIGTERMs: the deadline in
 Unix seconds after which it SIGKILLs. A worker reads it to decide whether its in-flight
@@ -132,6 +135,9 @@ def decode_session(raw: bytes, *, source: str) -> Session:
 def load_session(session_dir: Path) -> Session:
     path = session_dir / SESSION_FILE
     try:
+        size = path.stat().st_size
+        if size > MAX_SESSION_BYTES:
+            raise SessionError(f"{path} has {size} bytes; at most {MAX_SESSION_BYTES} are read")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SessionError(f"{path} does not exist: the agent never saved a turn") from None

@@ -40,6 +40,8 @@ class DaemonSettings(BaseSettings):
     python: str = Field(default_factory=lambda: sys.executable)
     drain_grace_secs: float = Field(default=30.0, ge=0, le=MAX_GRACE_SECS, allow_inf_nan=False)
     """Grace used when the daemon itself is told to stop (SIGTERM, ``shutdown``)."""
+    max_agents: int = Field(default=300, ge=1, le=10_000)
+    """Agents one daemon keeps at most (live or not); a spawn past it is refused."""
     kill_grace_secs: float = Field(default=5.0, ge=0, le=MAX_GRACE_SECS, allow_inf_nan=False)
     """How long ``kill`` waits after SIGTERM before SIGKILL."""
     queue: str | None = Field(default=None, pattern=r"^caliband\.[a-z0-9-]+\.[a-z0-9.-]+$")

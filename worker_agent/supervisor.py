@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -25,6 +26,7 @@ from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolErro
 from worker_agent.registry import Agent, Registry
 from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
+    MAX_SESSION_BYTES,
     SessionError,
     atomic_write,
     decode_session,
@@ -129,6 +131,12 @@ class Supervisor:
             session = self.store.resolve_session_dir(spec.resume_session)
             agent = await self._resume(session, spec.model_copy(update={"resume_session": None}))
             return proto.Spawned(id=agent.id, endpoint=self._endpoint(agent))
+        if len(self.registry) >= self.settings.max_agents:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"cannot spawn: this daemon holds {len(self.registry)} agents, its limit "
+                f"(--max-agents {self.settings.max_agents}); rm finished agents first",
+            )
         agent_id = self.store.new_agent_id()
         directory = self.store.agent_dir(agent_id)
         directory.mkdir(mode=0o700)
@@ -404,6 +412,9 @@ class Supervisor:
         directory = Path(agent.record.session_dir)
         record = agent.record
         try:
+            size = (directory / "session.json").stat().st_size
+            if size > MAX_SESSION_BYTES:
+                raise OSError(errno.EFBIG, f"{size} bytes, over the {MAX_SESSION_BYTES} limit")
             raw = (directory / "session.json").read_bytes()
         except OSError as exc:
             return ResumeRef(

@@ -456,3 +456,39 @@ def test_resume_of_an_older_checkpoint_is_refused_once_the_workspace_moved_on(
             newer.session_dir, expect_turns=newer.turns, expect_sha256=newer.session_sha256
         )
     assert daemon.records()[agent_id].status.live
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+def test_spawns_past_the_agent_limit_are_refused(tmp_short: Path) -> None:
+    """Tried: a third spawn on a daemon whose limit is two agents."""
+    daemon = DaemonProcess(tmp_short, env={"DRAIN_DAEMON_MAX_AGENTS": "2"}).start()
+    try:
+        with daemon.client() as client:
+            for _ in range(2):
+                client.spawn(provider="scripted", model="turns=100000,turn_ms=20")
+            with pytest.raises(ControlError, match="limit"):
+                client.spawn(provider="scripted", model="turns=100000,turn_ms=20")
+            assert len(client.agents()) == 2
+    finally:
+        daemon.stop()
+
+
+def test_an_oversized_session_is_reported_unclean_and_refused_on_resume(
+    daemon: DaemonProcess,
+) -> None:
+    """Tried: session.json grown (sparse) past the size the daemon reads."""
+    from worker_agent.session import MAX_SESSION_BYTES
+
+    agent_id = daemon.spawn_working(1, "turns=100000,turn_ms=20", 1)[0]
+    with daemon.client() as client:
+        client.drain(10)
+    session = daemon.store / "agents" / agent_id / "session.json"
+    with session.open("r+b") as fh:
+        fh.truncate(MAX_SESSION_BYTES + 1)
+    with daemon.client() as client:
+        (ref,) = client.drain(10)
+        assert not ref.clean and "limit" in (ref.error or "")
+        with pytest.raises(ControlError, match="at most"):
+            client.resume(ref.session_dir)
