@@ -2,21 +2,48 @@
 stopped gracefully (SIGTERM, then SIGKILL after a grace) when their parent stops.
 
 The daemon keeps its Celery consumer this way; ``drainctl dev up`` keeps the operator
-and the orchestrator worker the same way.
+and the orchestrator worker the same way. Every such child also dies with its parent,
+however the parent dies (``PR_SET_PDEATHSIG``): a SIGKILLed daemon must not leave its
+consumer taking the task's messages against a dead socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECS = 30.0
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals, expected_parent: int | None) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies.
+
+    ``expected_parent`` closes the race with a parent that died before the request took
+    effect: if this process has already been re-parented, it signals itself now.
+    Linux only; elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), sig)
+
+
+def dying_with_this_process(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes a child die (by ``sig``) when this process dies."""
+    parent = os.getpid()
+    return lambda: die_with_parent(sig, parent)
 
 
 class KeptProcess:
@@ -37,12 +64,13 @@ class KeptProcess:
     async def _spawn(self) -> asyncio.subprocess.Process:
         if self.log_path is None:
             return await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, start_new_session=True
-            )
+                *self.argv, env=self.env, start_new_session=True,
+                preexec_fn=dying_with_this_process(),
+            )  # fmt: skip
         with self.log_path.open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 *self.argv, env=self.env, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=dying_with_this_process(),
             )  # fmt: skip
 
     async def _keep_running(self) -> None:

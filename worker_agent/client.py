@@ -105,8 +105,21 @@ class SupervisorClient:
         assert isinstance(reply, proto.Drained)
         return reply.agents
 
-    def resume(self, session_dir: str) -> proto.Resumed:
-        reply = self.call("resume", session_dir=session_dir)
+    def resume(
+        self,
+        session_dir: str,
+        *,
+        expect_turns: int | None = None,
+        expect_sha256: str | None = None,
+    ) -> proto.Resumed:
+        """Resume one agent; with ``expect_*`` only if its session is what a checkpoint
+        recorded (otherwise ``ControlError`` ``invalid_state`` saying how it differs)."""
+        fields: dict[str, object] = {"session_dir": session_dir}
+        if expect_turns is not None:
+            fields["expect_turns"] = expect_turns
+        if expect_sha256 is not None:
+            fields["expect_sha256"] = expect_sha256
+        reply = self.call("resume", **fields)
         assert isinstance(reply, proto.Resumed)
         return reply
 

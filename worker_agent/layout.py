@@ -31,6 +31,8 @@ STDERR_FILE = "stderr.log"
 LOCK_FILE = "worker.lock"
 RUN_DIR = "run"
 DRAIN_DEADLINE_FILE = "drain_deadline"
+DAEMON_LOCK_FILE = "daemon.lock"
+"""Under ``run/``: held exclusively (``flock``) by the one daemon that serves the store."""
 DEFAULT_SOCKET_FILE = "caliband.sock"
 OPS_DIR = "ops"
 
@@ -68,6 +70,10 @@ def lock_file(directory: Path) -> Path:
 def run_dir(store: Path) -> Path:
     """Volatile daemon state: the drain deadline and, by default, the control socket."""
     return store / RUN_DIR
+
+
+def daemon_lock_file(store: Path) -> Path:
+    return run_dir(store) / DAEMON_LOCK_FILE
 
 
 def drain_deadline_file(store: Path) -> Path:

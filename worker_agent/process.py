@@ -1,8 +1,9 @@
 """Worker processes: building the command line from the template, starting, signalling
 and reaping them without a thread per child.
 
-Each worker runs in its own session (so a terminal's Ctrl-C reaches the daemon, which
-drains, and not the workers directly), with stdout appended to the agent's
+Each worker runs in its own session and process group (so a terminal's Ctrl-C reaches
+the daemon, which drains, and not the workers directly; and so a signal reaches every
+process the worker started, not only the worker itself), with stdout appended to the agent's
 ``stdout.ndjson`` and stderr to ``stderr.log``. Exit is observed through a pidfd on
 the event loop, so a hundred agents cost a hundred file descriptors, not threads.
 """
@@ -110,11 +111,38 @@ class WorkerProcess:
             self._pidfd = None
 
     def signal(self, sig: signal.Signals) -> None:
-        """Signal the worker unless it has already been reaped (never a recycled pid)."""
+        """Signal the worker's whole process group, unless the worker has been reaped.
+
+        The group id is the worker's pid (``start_new_session``); while the worker is
+        not reaped its pid cannot be reused, so the group is still the worker's.
+        """
         if self.exited.done():
             return
-        with contextlib.suppress(ProcessLookupError):
-            self._popen.send_signal(sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def kill_group(self, within: float = 2.0) -> bool:
+        """SIGKILL what is left of the worker's process group after the worker exited.
+
+        A worker's children (a tool it ran, a shell it forked) must not outlive it: one
+        that kept writing the session dir after a drain replied would make the recorded
+        sha256 a lie. Called right after the worker is reaped, while the group id cannot
+        have been given to anyone else (the kernel does not hand out a pid that is still
+        some process group's id). Waits until the group is empty; False if some member
+        is still there after ``within`` seconds (a process stuck in the kernel).
+        """
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return True
+        deadline = asyncio.get_running_loop().time() + within
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     async def exit_within(self, secs: float) -> int | None:
         """The exit code, or None if the worker is still running after ``secs``."""

@@ -12,6 +12,7 @@ ignores fields it does not know, so a richer caliban ``SpawnSpec`` still spawns.
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,13 @@ MAX_LINE_BYTES = 1024 * 1024
 """The longest request line the daemon reads; a longer one is refused and skipped."""
 
 MAX_GRACE_SECS = 3600.0
+
+MAX_NESTING = 64
+"""The deepest nesting of arrays and objects a request may have. Our messages nest a few
+levels; without a limit, 400 KB of ``[`` exhausts the parser's recursion."""
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
 
 
 class AgentStatus(StrEnum):
@@ -164,6 +172,11 @@ class DrainRequest(_Request):
 class ResumeRequest(_Request):
     kind: Literal["resume"]
     session_dir: str = Field(min_length=1)
+    expect_turns: int | None = Field(default=None, ge=0)
+    """When resuming a checkpoint: the turns it recorded. A session on disk that differs
+    (the workspace moved on since) is refused rather than resumed as something else."""
+    expect_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """When resuming a checkpoint: the sha256 of the session.json it recorded."""
 
 
 Request = Annotated[
@@ -301,8 +314,18 @@ def _describe(exc: ValidationError) -> str:
 
 def decode_line(line: bytes | str) -> dict[str, Any]:
     """The JSON object on one line, or ``ProtocolError(bad_request)`` saying why not."""
+    raw = line.encode() if isinstance(line, str) else line
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub(b'""', raw)):
+        depth += 1 if bracket.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_NESTING:
+        raise ProtocolError(
+            ErrorKind.BAD_REQUEST,
+            f"request nests arrays and objects {deepest} deep; at most {MAX_NESTING}",
+        )
     try:
-        obj: Any = json.loads(line)
+        obj: Any = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorKind.BAD_REQUEST, f"request is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

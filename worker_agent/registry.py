@@ -12,6 +12,7 @@ protocol would refuse.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from typing import TypedDict, Unpack
 from worker_agent.process import WorkerProcess
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, SpawnSpec
 from worker_agent.store import Store
+
+log = logging.getLogger(__name__)
 
 
 class RecordChanges(TypedDict, total=False):
@@ -104,12 +107,21 @@ class Registry:
         """Change a record; ``persist=False`` keeps a volatile change in memory only.
 
         The changed record is validated like any ``AgentRecord`` (``model_copy`` would
-        not): a bad change raises ``ValidationError`` and leaves the record as it was."""
+                not): a bad change raises ``ValidationError`` and leaves the record as it was.
+
+                A manifest that cannot be written (a full or failing disk) leaves the change in
+                memory and the old manifest whole on disk, logged: a drain, a stop or a restart
+                must go on. The stale manifest errs on the safe side — it still says the agent
+                was live, so a restarted daemon marks it ``crashed`` and it can be resumed.
+        """
         agent.record = AgentRecord.model_validate(
             {**dict(agent.record), **changes, "updated_at": time.time()}
         )
         if persist:
-            self.store.save_manifest(agent.record, durable=durable)
+            try:
+                self.store.save_manifest(agent.record, durable=durable)
+            except OSError as exc:
+                log.warning("manifest_unwritten agent=%s error=%s", agent.id, exc)
 
     def live(self) -> list[Agent]:
         return [a for a in self if a.live]

@@ -5,6 +5,12 @@ request, so a long drain on one connection never holds up ``list`` on another. A
 line gets an ``error`` reply and the connection stays usable; a line over 1 MiB is
 skipped to its newline. On the network transport every request carries the bearer
 token, compared in constant time, before anything else about it is looked at.
+
+The network transport is open to whoever can reach the port, so it is bounded: at most
+``MAX_NETWORK_CONNECTIONS`` at once (counted from accept, before the TLS handshake), a
+handshake deadline, and a deadline for each read until the connection has sent one
+authorized request; refusals are logged at a bounded rate. Nothing a network client does
+can use up the daemon's file descriptors and lock out the local socket.
 """
 
 from __future__ import annotations
@@ -17,15 +23,49 @@ import os
 import signal
 import ssl
 import stat
+import time
 from pathlib import Path
 
 from worker_agent import proto
 from worker_agent.consumer_process import consumer_process
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
+from worker_agent.store import StoreInUse
 from worker_agent.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+MAX_NETWORK_CONNECTIONS = 64
+"""Network connections served at once; one more is closed as soon as it is accepted."""
+TLS_HANDSHAKE_SECS = 10.0
+"""A network client must finish the TLS handshake within this."""
+AUTH_DEADLINE_SECS = 10.0
+"""Until a network connection has sent an authorized request, each read must arrive
+within this; an idle or silent unauthenticated connection is closed."""
+MAX_UNAUTHORIZED = 3
+"""Requests with a wrong or missing token after which a network connection is closed."""
+
+
+class RateLimitedLog:
+    """At most ``burst`` lines per ``period`` per event; the rest are counted, and the
+    count is reported with the next line that gets through."""
+
+    def __init__(self, burst: int = 10, period: float = 10.0) -> None:
+        self.burst = burst
+        self.period = period
+        self._windows: dict[str, tuple[float, int, int]] = {}
+
+    def warning(self, event: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        started, sent, dropped = self._windows.get(event, (now, 0, 0))
+        if now - started >= self.period:
+            started, sent = now, 0
+        if sent >= self.burst:
+            self._windows[event] = (started, sent, dropped + 1)
+            return
+        self._windows[event] = (started, sent + 1, 0)
+        suffix = f" suppressed={dropped}" if dropped else ""
+        log.warning(f"{event} {message}{suffix}", *args)
 
 
 class ConfigError(Exception):
@@ -77,6 +117,8 @@ class ControlServer:
         self.supervisor = supervisor
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
+        self._network: set[asyncio.Task[None]] = set()
+        self._refusals = RateLimitedLog()
         self._token: bytes | None = None
         self._tls: ssl.SSLContext | None = None
         if settings.listen is not None:
@@ -110,15 +152,19 @@ class ControlServer:
         log.info("listening endpoint=unix:%s", path)
         if self.settings.listen is not None:
             host, _, port = self.settings.listen.rpartition(":")
-            if not host or not port.isdigit():
-                raise ConfigError(f"--listen {self.settings.listen!r} is not HOST:PORT")
-            tcp = await asyncio.start_server(
-                self._serve_network,
-                host=host.strip("[]"),
-                port=int(port),
-                ssl=self._tls,
-                limit=MAX_LINE_BYTES + 1,
-            )
+            try:
+                # TLS is started per connection (``_serve_network``), so a connection is
+                # counted against the cap from accept, handshake included.
+                tcp = await asyncio.start_server(
+                    self._serve_network,
+                    host=host.strip("[]"),
+                    port=int(port),
+                    limit=MAX_LINE_BYTES + 1,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot listen on {self.settings.listen}: {exc.strerror or exc}"
+                ) from None
             self._servers.append(tcp)
             log.info("listening endpoint=tls:%s", self.settings.listen)
 
@@ -150,7 +196,26 @@ class ControlServer:
     async def _serve_network(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        await self._serve(reader, writer, network=True)
+        task = asyncio.current_task()
+        assert task is not None and self._tls is not None
+        if len(self._network) >= MAX_NETWORK_CONNECTIONS:
+            self._refusals.warning(
+                "connection_refused", "reason=cap max=%d", MAX_NETWORK_CONNECTIONS
+            )
+            writer.transport.abort()
+            return
+        self._network.add(task)
+        try:
+            await writer.start_tls(self._tls, ssl_handshake_timeout=TLS_HANDSHAKE_SECS)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            self._refusals.warning("tls_handshake_failed", "error=%s", type(exc).__name__)
+            self._network.discard(task)
+            writer.transport.abort()
+            return
+        try:
+            await self._serve(reader, writer, network=True)
+        finally:
+            self._network.discard(task)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, network: bool
@@ -158,14 +223,30 @@ class ControlServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        authorized = not network
+        unauthorized = 0
         try:
             while True:
-                line = await read_request_line(reader)
+                if authorized:
+                    line = await read_request_line(reader)
+                else:
+                    line = await asyncio.wait_for(read_request_line(reader), AUTH_DEADLINE_SECS)
                 if line is None:
                     break
                 reply = await self._answer(line, network=network)
                 writer.write(proto.encode(reply))
                 await writer.drain()
+                if (
+                    isinstance(reply, proto.ErrorReply)
+                    and reply.error.kind is ErrorKind.UNAUTHORIZED
+                ):
+                    unauthorized += 1
+                    if unauthorized >= MAX_UNAUTHORIZED:
+                        break
+                elif network:
+                    authorized = True
+        except TimeoutError:
+            self._refusals.warning("connection_closed", "reason=no_authorized_request_in_time")
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
@@ -186,7 +267,10 @@ class ControlServer:
             request = proto.validate_request(obj)
             return await self.supervisor.handle(request)
         except ProtocolError as exc:
-            log.info("request_refused kind=%s message=%s", exc.kind, exc.message)
+            if exc.kind is ErrorKind.UNAUTHORIZED:
+                self._refusals.warning("request_refused", "kind=%s", exc.kind)
+            else:
+                log.info("request_refused kind=%s message=%s", exc.kind, exc.message)
             return exc.reply()
         except Exception as exc:
             log.exception("request_failed")
@@ -203,8 +287,15 @@ async def run_daemon(settings: DaemonSettings) -> None:
     """Serve until SIGTERM, SIGINT or ``shutdown``; then drain every agent and exit."""
     supervisor = Supervisor(settings)
     server = ControlServer(settings, supervisor)  # refuses bad settings before any disk write
-    supervisor.open()
-    await server.start()
+    try:
+        supervisor.open()  # takes the store's lock before the socket is touched
+    except StoreInUse as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        await server.start()
+    except ConfigError:
+        await server.close()
+        raise
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.stopping.set)

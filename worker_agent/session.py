@@ -11,6 +11,7 @@ old one, and the directory is fsynced so the rename itself survives a crash.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -24,6 +25,9 @@ from worker_agent.layout import SESSION_FILE, TRANSCRIPT_FILE, temp_file
 __all__ = ["SESSION_FILE", "TRANSCRIPT_FILE"]  # re-exported: older imports name them here
 
 SESSION_VERSION = 1
+MAX_SESSION_BYTES = 256 * 1024 * 1024
+"""The largest session.json the daemon and workers read: a conversation is text, and a
+file past this is not one a worker wrote (it would also stall a drain reading it)."""
 DRAIN_DEADLINE_ENV = "CALIBAN_DRAIN_DEADLINE_FILE"
 """Names a file the daemon writes once, just before a drain's SIGTERMs: the deadline in
 Unix seconds after which it SIGKILLs. A worker reads it to decide whether its in-flight
@@ -86,15 +90,21 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     tmp = temp_file(path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (ENOSPC, EIO) leaves the old file whole and no partial temp file.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if durable:
         fsync_dir(path.parent)
 
@@ -127,6 +137,9 @@ def decode_session(raw: bytes, *, source: str) -> Session:
 def load_session(session_dir: Path) -> Session:
     path = session_dir / SESSION_FILE
     try:
+        size = path.stat().st_size
+        if size > MAX_SESSION_BYTES:
+            raise SessionError(f"{path} has {size} bytes; at most {MAX_SESSION_BYTES} are read")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SessionError(f"{path} does not exist: the agent never saved a turn") from None
@@ -160,3 +173,26 @@ def count_completed_turns(session_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     return count
+
+
+MAX_UNANNOUNCED_TURNS = 1
+"""A worker saves ``session.json`` and only then announces the turn in the transcript, so
+a crash between the two can leave exactly one completed turn unannounced, never more."""
+
+
+def check_transcript(session_dir: Path, session: Session) -> int:
+    """How many turns the transcript has yet to announce (0 or 1), or ``SessionError``.
+
+    A session that claims more completed turns than that over its transcript was not
+    written by the worker contract (edited, or mixed up with another agent's): resuming
+    it would invent turns that never happened.
+    """
+    announced = count_completed_turns(session_dir)
+    missing = session.turns - announced
+    if not 0 <= missing <= MAX_UNANNOUNCED_TURNS:
+        raise SessionError(
+            f"{session_dir / SESSION_FILE} records {session.turns} completed turns but "
+            f"{session_dir / TRANSCRIPT_FILE} announces {announced}; a crash can leave at "
+            f"most {MAX_UNANNOUNCED_TURNS} unannounced, so this session is not resumable as is"
+        )
+    return missing

@@ -9,10 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker_agent.layout import default_socket
+from worker_agent.proto import MAX_GRACE_SECS
+
+LISTEN_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$"
+"""``HOST:PORT``, with an IPv6 host in brackets."""
 
 DEFAULT_WORKER_COMMAND = (
     "{python} -m worker_agent.worker --session-dir {session_dir} --agent-id {agent_id} {resume}"
@@ -28,16 +32,18 @@ class DaemonSettings(BaseSettings):
     store: Path = Path("./caliban-store")
     socket: Path | None = None
     """Unix control socket; defaults to ``<store>/run/caliband.sock``."""
-    listen: str | None = None
+    listen: str | None = Field(default=None, pattern=LISTEN_PATTERN)
     """``HOST:PORT`` for the network transport (TLS and a bearer token required)."""
     token_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     worker_command: str = DEFAULT_WORKER_COMMAND
     python: str = Field(default_factory=lambda: sys.executable)
-    drain_grace_secs: float = Field(default=30.0, ge=0)
+    drain_grace_secs: float = Field(default=30.0, ge=0, le=MAX_GRACE_SECS, allow_inf_nan=False)
     """Grace used when the daemon itself is told to stop (SIGTERM, ``shutdown``)."""
-    kill_grace_secs: float = Field(default=5.0, ge=0)
+    max_agents: int = Field(default=300, ge=1, le=10_000)
+    """Agents one daemon keeps at most (live or not); a spawn past it is refused."""
+    kill_grace_secs: float = Field(default=5.0, ge=0, le=MAX_GRACE_SECS, allow_inf_nan=False)
     """How long ``kill`` waits after SIGTERM before SIGKILL."""
     queue: str | None = Field(default=None, pattern=r"^caliband\.[a-z0-9-]+\.[a-z0-9.-]+$")
     """``caliband.<namespace>.<name>``: run the Celery consumer of this queue beside the
@@ -52,6 +58,13 @@ class DaemonSettings(BaseSettings):
     initial_provider: str = "scripted"
     initial_model: str | None = None
     initial_prompt: str | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _port_in_range(cls, value: str | None) -> str | None:
+        if value is not None and not 0 <= int(value.rpartition(":")[2]) <= 65535:
+            raise ValueError(f"--listen {value!r}: the port must be from 0 to 65535")
+        return value
 
     def socket_path(self) -> Path:
         return self.socket if self.socket is not None else default_socket(self.store)

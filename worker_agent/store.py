@@ -7,7 +7,9 @@ lock a worker holds on its directory for as long as it runs. The names are spell
 ``layout``; this module reads and writes the files.
 
 This module knows paths and files; ``registry`` knows which agents are live. It also
-owns the one rule that keeps ``resume`` safe: a session dir is accepted only if it
+owns the two rules that keep a store safe: one daemon per store (``<store>/run/daemon.lock``,
+an exclusive ``flock`` held for the daemon's lifetime, taken before anything in the store
+or its socket is touched), and a session dir is accepted by ``resume`` only if it
 resolves, after symlinks, to an agent directory inside this store.
 """
 
@@ -23,19 +25,48 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from worker_agent.layout import agents_dir, lock_file, manifest_file
+from worker_agent.layout import agents_dir, daemon_lock_file, lock_file, manifest_file
 from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError
-from worker_agent.session import SessionError, atomic_write, load_session
+from worker_agent.session import SessionError, atomic_write, check_transcript, load_session
 
 log = logging.getLogger(__name__)
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+class StoreInUse(Exception):
+    """Another daemon holds this store; the message names it and what to do."""
+
+
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self.agents_dir = agents_dir(self.root)
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the store for this process, or raise ``StoreInUse`` naming the holder.
+
+        Two daemons on one store would each believe they own its agents: the second
+        would mark the first's running agents ``crashed`` and answer drains for workers
+        it does not control. The lock is released by the kernel when the process dies,
+        however it dies, so a SIGKILLed daemon never leaves a stale lock behind.
+        """
+        path = daemon_lock_file(self.root)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreInUse(
+                f"store {self.root} is in use by another daemon (pid {holder}); stop it "
+                "first, or give this daemon its own --store"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     def prepare(self) -> None:
         self.agents_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -68,14 +99,15 @@ class Store:
             return records
         for entry in sorted(self.agents_dir.iterdir()):
             manifest = manifest_file(entry)
-            # A symlinked agent dir could point anywhere; only real directories are ours.
-            if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
-                continue
-            if manifest.is_symlink() or not manifest.is_file():
-                continue
             try:
+                # A symlinked agent dir could point anywhere; only real directories are ours.
+                if entry.is_symlink() or not entry.is_dir() or not AGENT_ID.match(entry.name):
+                    continue
+                if manifest.is_symlink() or not manifest.is_file():
+                    continue
                 record = AgentRecord.model_validate_json(manifest.read_bytes())
             except (ValidationError, OSError) as exc:
+                # One unreadable directory must not keep the daemon from serving the rest.
                 log.warning("manifest_unreadable path=%s error=%s", manifest, exc)
                 continue
             if record.id != entry.name:
@@ -93,7 +125,18 @@ class Store:
             raise ProtocolError(
                 ErrorKind.INVALID_STATE, f"{directory} is not a directory of this store", agent_id
             )
-        shutil.rmtree(directory, ignore_errors=True)
+        failures: list[str] = []
+
+        def note(_func: object, path: str, exc_info: object) -> None:
+            failures.append(f"{path}: {exc_info[1] if isinstance(exc_info, tuple) else exc_info}")
+
+        shutil.rmtree(directory, onerror=note)
+        if directory.exists() or failures:
+            raise ProtocolError(
+                ErrorKind.INTERNAL,
+                f"could not remove {directory}: {failures[0] if failures else 'still present'}",
+                agent_id,
+            )
 
     def resolve_session_dir(self, raw: str) -> Path:
         """The agent directory ``raw`` names, or ``ProtocolError`` if it is not one of ours.
@@ -119,10 +162,38 @@ class Store:
             raise ProtocolError(ErrorKind.NOT_FOUND, f"session_dir {raw!r} does not exist")
         return resolved
 
+    def check_expected(self, session_dir: Path, turns: int | None, sha256: str | None) -> None:
+        """Refuse to resume a checkpoint whose session is no longer what it recorded.
+
+        Without a snapshot per checkpoint, a workspace holds only its newest state: an
+        older checkpoint of it cannot be restored, and resuming the newer state in its
+        name would silently start from turns the checkpoint never had.
+        """
+        if turns is None and sha256 is None:
+            return
+        try:
+            session = load_session(session_dir)
+        except SessionError as exc:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"
+            ) from None
+        if (turns is not None and session.turns != turns) or (
+            sha256 is not None and session.sha256 != sha256
+        ):
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"cannot resume {session_dir.name} from this checkpoint: it recorded turn "
+                f"{turns} (session sha256 {(sha256 or '-')[:12]}), the workspace now holds "
+                f"turn {session.turns} ({session.sha256[:12]}); it has moved on since, and "
+                "only a workspace's newest checkpoint can be resumed from it",
+                session_dir.name,
+            )
+
     def check_resumable(self, session_dir: Path) -> int:
         """The number of completed turns to resume from, or a clear refusal."""
         try:
             session = load_session(session_dir)
+            check_transcript(session_dir, session)
         except SessionError as exc:
             raise ProtocolError(
                 ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"

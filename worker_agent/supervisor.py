@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -26,6 +27,7 @@ from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolErro
 from worker_agent.registry import Agent, Registry
 from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
+    MAX_SESSION_BYTES,
     SessionError,
     atomic_write,
     decode_session,
@@ -54,6 +56,8 @@ class Supervisor:
         self.stopping = asyncio.Event()
 
     def open(self) -> None:
+        """Take the store (refusing one another daemon holds), then load its agents."""
+        self.store.lock()
         self.store.prepare()
         crashed = self.registry.reload()
         log.info(
@@ -109,6 +113,7 @@ class Supervisor:
                 return proto.Drained(agents=await self.drain(grace))
             case proto.ResumeRequest(session_dir=session_dir):
                 session = self.store.resolve_session_dir(session_dir)
+                self.store.check_expected(session, request.expect_turns, request.expect_sha256)
                 existing = self.registry.find(session.name)
                 spec = existing.record.spec if existing else proto.SpawnSpec()
                 agent = await self._resume(session, spec)
@@ -127,6 +132,12 @@ class Supervisor:
             session = self.store.resolve_session_dir(spec.resume_session)
             agent = await self._resume(session, spec.model_copy(update={"resume_session": None}))
             return proto.Spawned(id=agent.id, endpoint=self._endpoint(agent))
+        if len(self.registry) >= self.settings.max_agents:
+            raise ProtocolError(
+                ErrorKind.INVALID_STATE,
+                f"cannot spawn: this daemon holds {len(self.registry)} agents, its limit "
+                f"(--max-agents {self.settings.max_agents}); rm finished agents first",
+            )
         agent_id = self.store.new_agent_id()
         directory = self.store.agent_dir(agent_id)
         directory.mkdir(mode=0o700)
@@ -163,6 +174,10 @@ class Supervisor:
                     agent_id,
                 )
             await asyncio.sleep(0.05)
+        # The wait above yields to the event loop: a drain (or shutdown) that began
+        # meanwhile must not get a worker launched behind its back, which it would then
+        # report stopped and clean while the worker keeps taking turns.
+        self._refuse_while_draining("resume")
         now = time.time()
         if existing is None:
             record = AgentRecord(
@@ -236,6 +251,8 @@ class Supervisor:
 
     async def _watch_exit(self, agent: Agent, process: WorkerProcess) -> None:
         code = await process.exited
+        if not await process.kill_group():
+            log.warning("agent_group_lingers agent=%s pgid=%d", agent.id, process.pid)
         if agent.process is not process:
             return
         agent.process = None
@@ -348,8 +365,14 @@ class Supervisor:
     async def _drain_all(self, grace: float) -> list[ResumeRef]:
         started = time.monotonic()
         stopping = [a for a in self.registry.live() if a.process is not None]
-        self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
+        try:
+            self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
+        except OSError as exc:
+            # A full or read-only disk must not stop a drain before it starts: workers
+            # without the file fall back to CALIBAN_DRAIN_GRACE_SECS, and every session
+            # already on disk is still verified below.
+            log.warning("drain_deadline_unwritten path=%s error=%s", self.deadline_file, exc)
         for agent in stopping:  # signal first; bookkeeping after
             assert agent.process is not None
             agent.stop_reason = AgentStatus.DRAINED
@@ -390,6 +413,9 @@ class Supervisor:
         directory = Path(agent.record.session_dir)
         record = agent.record
         try:
+            size = session_file(directory).stat().st_size
+            if size > MAX_SESSION_BYTES:
+                raise OSError(errno.EFBIG, f"{size} bytes, over the {MAX_SESSION_BYTES} limit")
             raw = session_file(directory).read_bytes()
         except OSError as exc:
             return ResumeRef(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -31,13 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker_agent.children import die_with_parent
 from worker_agent.layout import lock_file, session_file
 from worker_agent.providers import ProviderError, make_provider
 from worker_agent.session import (
     DRAIN_DEADLINE_ENV,
     Session,
     SessionError,
-    count_completed_turns,
+    check_transcript,
     load_session,
     save_session,
 )
@@ -45,7 +45,6 @@ from worker_agent.session import (
 EXIT_BAD_SESSION = 2
 EXIT_LOCKED = 3
 EXIT_BAD_CONFIG = 4
-PR_SET_PDEATHSIG = 1
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -57,16 +56,6 @@ def fail(code: int, message: str) -> int:
     sys.stderr.write(f"worker: {message}\n")
     sys.stderr.flush()
     return code
-
-
-def die_with_parent(expected_parent: str | None) -> None:
-    """Ask the kernel for SIGTERM when the daemon dies, so an orphan flushes and exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if expected_parent and str(os.getppid()) != expected_parent:
-        os.kill(os.getpid(), signal.SIGTERM)  # the daemon died before prctl took effect
 
 
 class Reporter:
@@ -252,10 +241,11 @@ class Worker:
 
 
 def recover_transcript(session_dir: Path, session: Session) -> None:
-    """Re-emit ``turn_complete`` for turns saved but not yet announced (a SIGKILL between
-    the two writes), so the transcript again has exactly one per completed turn."""
-    announced = count_completed_turns(session_dir)
-    for turn in range(announced + 1, session.turns + 1):
+    """Re-emit ``turn_complete`` for the turn saved but not yet announced (a SIGKILL
+    between the two writes), so the transcript again has exactly one per completed turn.
+    ``check_transcript`` has refused a session that is further ahead than that."""
+    missing = check_transcript(session_dir, session)
+    for turn in range(session.turns - missing + 1, session.turns + 1):
         emit({"type": "turn_complete", "turn": turn, "recovered": True})
 
 
@@ -282,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     # loop takes over, instead of dying of the default SIGTERM action mid-start.
     signal.signal(signal.SIGTERM, _stop_early)
     args = parse_args(argv)
-    die_with_parent(os.environ.get("CALIBAN_SUPERVISOR_PID"))
+    # When the daemon dies the worker flushes and exits (SIGTERM is its drain signal).
+    supervisor_pid = os.environ.get("CALIBAN_SUPERVISOR_PID")
+    die_with_parent(signal.SIGTERM, int(supervisor_pid) if supervisor_pid else None)
     session_dir: Path = args.session_dir
     lock_fd = os.open(lock_file(session_dir), os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -300,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"cannot resume: session.json belongs to {session.agent_id!r}, "
                 f"not {args.agent_id!r}",
             )
-        recover_transcript(session_dir, session)
+        try:
+            recover_transcript(session_dir, session)
+        except SessionError as exc:
+            return fail(EXIT_BAD_SESSION, f"cannot resume: {exc}")
         emit({"type": "resumed", "from_turn": session.turns + 1})
     else:
         if session_file(session_dir).exists():

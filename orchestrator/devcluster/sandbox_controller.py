@@ -35,6 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
+from worker_agent.children import dying_with_this_process
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class SandboxController:
         with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=dying_with_this_process(),
             )  # fmt: skip
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
         self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims)

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from kombu import Connection, Exchange, Producer, Queue
 
+from orchestrator.settings import Settings
 from tests.pipeline_support import (
     PG_URL,
     Stack,
@@ -31,9 +32,30 @@ from worker_agent.session import count_completed_turns, load_session
 pytestmark = pytest.mark.slow
 
 
+TIMING = ("DRAIN_VISIBILITY_TIMEOUT_SECS", "DRAIN_UNACKED_RESTORE_INTERVAL_SECS",
+          "DRAIN_SWEEP_INTERVAL_SECS")  # fmt: skip
+"""Redelivery and deadline settings: the fault tests run with the project's defaults."""
+
+
+def default(setting: str) -> float:
+    value = Settings.model_fields[setting].default
+    assert isinstance(value, float)
+    return value
+
+
+REDELIVERY_SECS = min(
+    default("visibility_timeout_secs") + default("unacked_restore_interval_secs") + 60,
+    default("drain_expires_secs"),
+)
+"""How long a message of a killed consumer or worker may take to come back with the
+default settings (never past a drain's expiry, after which it would be discarded)."""
+
+
 @pytest.fixture
 def pg_stack(tmp_short: Path) -> Iterator[Stack]:
     s = Stack(tmp_short, redis_db_url(), fresh_postgres())
+    for setting in TIMING:
+        s.env.pop(setting, None)
     try:
         yield s
     finally:
@@ -81,12 +103,13 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: 
 
     [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-k")
     wait_until(
-        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
-        90,
+        lambda: pg_stack.ledger.get_operation(op.id).terminal,  # type: ignore[union-attr]
+        REDELIVERY_SECS,
         "the redelivered drain to be recorded",
     )
     final = pg_stack.ledger.get_operation(op.id)
     assert final is not None
+    assert final.state == "recorded", final.error
     assert final.checkpoint_ref is not None
     assert checkpoint_rows(PG_URL) == (1, 3)
     assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
@@ -126,13 +149,14 @@ def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
     pg_stack.start_worker("worker-2")
     [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-r")
     wait_until(
-        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
-        90,
+        lambda: pg_stack.ledger.get_operation(op.id).terminal,  # type: ignore[union-attr]
+        REDELIVERY_SECS,
         "the redelivered record_checkpoint",
     )
-    assert checkpoint_rows(PG_URL) == (1, 3)
     final = pg_stack.ledger.get_operation(op.id)
     assert final is not None
+    assert final.state == "recorded", final.error
+    assert checkpoint_rows(PG_URL) == (1, 3)
     assert final.checkpoint_ref is not None
     assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
 
