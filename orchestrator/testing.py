@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.operator import crd
 from worker_agent.testing import (
     DRAINCTL,
     DaemonProcess,
@@ -48,7 +49,7 @@ PG_HINT = (
     "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
 )
 LEDGER_TABLES = ("checkpoint_agents", "checkpoints", "operations", "daemon_activity")
-CRD_PATH = "/apis/caliban.caliban-ai.dev/v1alpha1"
+CRD_PATH = f"/apis/{crd.GROUP}/{crd.VERSION}"
 """Served once the dev stack's API has its CalibanTask CRD: the stack's readiness probe."""
 
 

@@ -163,7 +163,11 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
                     results.append(AgentResumeOutcome(id=agent.id, ok=True, note="already running"))
                     continue
                 try:
-                    client.resume(agent.session_dir)
+                    client.resume(
+                        agent.session_dir,
+                        expect_turns=agent.turns,
+                        expect_sha256=agent.session_sha256,
+                    )
                 except ControlError as exc:
                     results.append(
                         AgentResumeOutcome(id=agent.id, ok=False, error=exc.body.message)

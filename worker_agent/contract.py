@@ -214,10 +214,24 @@ class DrainResult(Payload):
 
 
 class ResumeAgent(Payload):
-    """One agent a resume asks for: its id and its session dir relative to the store."""
+    """One agent a resume asks for: its id and its session dir relative to the store, and,
+    when it comes from a checkpoint, the turns and session sha256 the checkpoint recorded
+    (the daemon refuses a session that is no longer that one)."""
 
     id: str = Field(min_length=1)
     session_dir: str = Field(min_length=1)
+    turns: int | None = Field(default=None, ge=0)
+    session_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_serializer(mode="plain")
+    def _present_fields(self) -> dict[str, object]:
+        # The expectations travel only when there are some (a forced checkpoint has none).
+        shape: dict[str, object] = {"id": self.id, "session_dir": self.session_dir}
+        if self.turns is not None:
+            shape["turns"] = self.turns
+        if self.session_sha256 is not None:
+            shape["session_sha256"] = self.session_sha256
+        return shape
 
 
 class ResumeRequest(Payload):

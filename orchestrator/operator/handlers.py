@@ -489,7 +489,18 @@ async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
 
 
 async def _force_delete(r: Reconciler, op: OperationView) -> None:
-    """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release."""
+    """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release.
+
+    The abandoned drain is closed first, as superseded: if its daemon answers after all,
+    its record finds the operation finished and records nothing, so the deleted task
+    keeps exactly one checkpoint, the forced one.
+    """
+    if not op.terminal:
+        op = await _ledger_call(
+            r.ledger.expire_operation, op.id,
+            f"superseded by a forced checkpoint: the drain did not finish within drainTimeout "
+            f"({op.state} after the timeout)",
+        )  # fmt: skip
     forced = await _ledger_call(
         r.ledger.begin_operation, OperationKind.FORCE_DELETE, task_uid=r.uid,
         namespace=r.namespace, name=r.name,

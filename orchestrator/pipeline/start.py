@@ -122,7 +122,15 @@ def start_resume(
                 OperationState.FAILED,
                 error=f"unknown checkpoint ref {checkpoint_ref!r}: not in the ledger",
             )
-        agents = [ResumeAgent(id=a.agent_id, session_dir=a.session_dir) for a in checkpoint.agents]
+        # The checkpoint's own turns and sha256 go along: a workspace that moved on since
+        # (a newer checkpoint of it) is refused by the daemon, never resumed in its name.
+        agents = [
+            ResumeAgent(
+                id=a.agent_id, session_dir=a.session_dir, turns=a.turns,
+                session_sha256=a.session_sha256,
+            )
+            for a in checkpoint.agents
+        ]  # fmt: skip
     resume = app.signature(
         DAEMON_RESUME,
         kwargs=ResumeRequest(op_id=op.id, agents=agents).model_dump(mode="json"),

@@ -230,6 +230,13 @@ def test_unreachable_daemon_is_force_deleted_within_drain_timeout(stack: DevStac
     checkpoint = stack.ledger.latest_checkpoint("default", "lost")
     assert checkpoint is not None
     assert checkpoint.forced
+    # The abandoned drain is closed, so a daemon answering late records no second one.
+    [drain] = [
+        op for op in stack.ledger.list_operations(namespace="default", name="lost")
+        if op.kind == "delete-drain"
+    ]  # fmt: skip
+    assert drain.state == "failed" and "superseded by a forced checkpoint" in (drain.error or "")
+    assert len(stack.ledger.list_checkpoints(namespace="default", name="lost")) == 1
     events = stack.kubectl("get", "events", "--field-selector",
                            "involvedObject.name=lost").stdout  # fmt: skip
     assert "ForcedCheckpoint" in events

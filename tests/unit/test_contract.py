@@ -59,6 +59,20 @@ SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
         {"op_id": "op-2", "agents": [{"id": "agent-a", "session_dir": "agents/a"}]},
     ),
     (
+        ResumeRequest(
+            op_id="op-2",
+            agents=[
+                ResumeAgent(id="agent-a", session_dir="agents/a", turns=4, session_sha256="c" * 64)
+            ],
+        ),
+        {
+            "op_id": "op-2",
+            "agents": [
+                {"id": "agent-a", "session_dir": "agents/a", "turns": 4, "session_sha256": "c" * 64}
+            ],
+        },
+    ),
+    (
         ResumeResult(
             op_id="op-2",
             results=[
