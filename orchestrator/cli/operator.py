@@ -9,6 +9,7 @@ without either they use in-cluster credentials in a pod, else ``KUBECONFIG`` or
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -70,11 +71,10 @@ def _patch_task(
     namespace, name = task
     api_client = None
     if kubeconfig is None and context is None:
-        try:
+        # Not in a pod: a kubeconfig, below.
+        with contextlib.suppress(config.ConfigException):
             config.load_incluster_config()
             api_client = client.ApiClient()
-        except config.ConfigException:
-            pass  # not in a pod: a kubeconfig, below
     if api_client is None:
         # ConfigException (no kubeconfig, unknown context) → exit 2 in errors.py.
         api_client = config.new_client_from_config(

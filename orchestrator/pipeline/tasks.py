@@ -51,6 +51,14 @@ DB_BACKOFF_MAX_SECS = 15
 DB_MAX_RETRIES = 4 + int((get_settings().db_retry_window_secs - 15) // DB_BACKOFF_MAX_SECS)
 """Backoff 1, 2, 4, 8, then 15 s: a ledger outage (a PostgreSQL restart) is waited out for
 ``DRAIN_DB_RETRY_WINDOW_SECS`` before a task gives up, which the record deadline covers."""
+DB_RETRY: dict[str, Any] = {
+    "autoretry_for": DB_ERRORS,
+    "retry_backoff": 1,
+    "retry_backoff_max": DB_BACKOFF_MAX_SECS,
+    "retry_jitter": False,
+    "max_retries": DB_MAX_RETRIES,
+}
+"""The retry options every ledger-writing task shares."""
 
 
 @lru_cache(maxsize=1)
@@ -117,11 +125,7 @@ def _fail(ledger: Ledger, op_id: str, error: str) -> None:
 @app.task(
     name=RECORD_CHECKPOINT,
     bind=True,
-    autoretry_for=DB_ERRORS,
-    retry_backoff=1,
-    retry_backoff_max=DB_BACKOFF_MAX_SECS,
-    retry_jitter=False,
-    max_retries=DB_MAX_RETRIES,
+    **DB_RETRY,
 )
 def record_checkpoint(
     self: Task[Any, Any], /, drain_result: object, **kwargs: object
@@ -182,11 +186,7 @@ def record_checkpoint(
 @app.task(
     name=RECORD_RESUME,
     bind=True,
-    autoretry_for=DB_ERRORS,
-    retry_backoff=1,
-    retry_backoff_max=DB_BACKOFF_MAX_SECS,
-    retry_jitter=False,
-    max_retries=DB_MAX_RETRIES,
+    **DB_RETRY,
 )
 def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: object) -> JsonObject:
     """Close a resume operation: ``resumed`` if any agent came back, else ``failed``."""
@@ -227,11 +227,7 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
 @app.task(
     name=ACTIVITY,
     bind=False,
-    autoretry_for=DB_ERRORS,
-    retry_backoff=1,
-    retry_backoff_max=DB_BACKOFF_MAX_SECS,
-    retry_jitter=False,
-    max_retries=DB_MAX_RETRIES,
+    **DB_RETRY,
 )
 def activity(**kwargs: object) -> None:
     """Keep the latest heartbeat per daemon (an older one never overwrites a newer).
