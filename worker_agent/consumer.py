@@ -155,9 +155,17 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
             live = {r.id for r in records if r.status.live}
             agents = request.agents
             if not agents:
-                # A forced checkpoint names no agents: it is the PVC as it was, so every
-                # agent found in the store is resumed.
-                agents = [ResumeAgent(id=r.id, session_dir=f"agents/{r.id}") for r in records]
+                # A forced checkpoint or a recovery names no agents: it is the PVC as it
+                # is, so every agent in the store with work left is resumed; one a user
+                # killed, or that finished its work, stays as it is.
+                agents = [
+                    ResumeAgent(id=r.id, session_dir=f"agents/{r.id}")
+                    for r in records
+                    if r.status.live or r.status.interrupted
+                ]
+                for r in records:
+                    if not (r.status.live or r.status.interrupted):
+                        log.info("resume_skipped agent=%s status=%s", r.id, r.status)
             for agent in agents:
                 if agent.id in live:
                     results.append(AgentResumeOutcome(id=agent.id, ok=True, note="already running"))
@@ -201,6 +209,7 @@ class ActivityCounts:
     agents_live: int
     agents_idle: int
     all_idle_since: float | None
+    agents_interrupted: int = 0
 
 
 def summarize(records: list[AgentRecord]) -> ActivityCounts:
@@ -221,6 +230,7 @@ def summarize(records: list[AgentRecord]) -> ActivityCounts:
         agents_live=len(live),
         agents_idle=len(idle),
         all_idle_since=all_idle_since,
+        agents_interrupted=sum(r.status.interrupted for r in records),
     )
 
 
@@ -238,6 +248,7 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         last: ActivityCounts | None = None
         last_sent = 0.0
+        last_seq = 0
         while not self.stopping.wait(self.poll):
             try:
                 with _client(self.config, timeout=10) as client:
@@ -251,11 +262,15 @@ class Heartbeat(threading.Thread):
                 namespace=self.config.namespace,
                 name=self.config.name,
                 task_uid=self.config.task_uid,
-                seq=time.time_ns(),
+                # The ledger keeps only a higher seq: wall-clock nanoseconds carry it
+                # across daemon restarts, and never going back keeps a clock stepped
+                # backwards from silencing this daemon's heartbeats.
+                seq=(last_seq := max(time.time_ns(), last_seq + 1)),
                 reported_at=time.time(),
                 agents_total=counts.agents_total,
                 agents_live=counts.agents_live,
                 agents_idle=counts.agents_idle,
+                agents_interrupted=counts.agents_interrupted,
                 all_idle_since=counts.all_idle_since,
             )
             try:

@@ -284,6 +284,9 @@ class ActivityReport(Payload):
     agents_live: int = Field(ge=0)
     agents_idle: int = Field(ge=0)
     all_idle_since: float | None
+    agents_interrupted: int = Field(default=0, ge=0)
+    """Agents stopped with work left (``AgentStatus.interrupted``): the orchestrator
+    resumes them. Defaults to 0 for a daemon older than the field."""
 
 
 def malformed(what: str, exc: ValidationError) -> str:

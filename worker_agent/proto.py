@@ -47,10 +47,20 @@ class AgentStatus(StrEnum):
         """A live agent has (or is about to have) a worker process."""
         return self in _LIVE
 
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by something other than its own work or a user: drained (the
+        daemon's own SIGTERM, an eviction, or a drain), crashed (its daemon died), or
+        failed (its worker exited non-zero by itself: a crash, an OOM kill). Such an
+        agent has work left and is resumed after a disruption; ``done`` (finished) and
+        ``killed`` (stopped on purpose) are not."""
+        return self in _INTERRUPTED
+
 
 _LIVE = frozenset(
     {AgentStatus.SPAWNING, AgentStatus.RUNNING, AgentStatus.IDLE, AgentStatus.DRAINING}
 )
+_INTERRUPTED = frozenset({AgentStatus.DRAINED, AgentStatus.CRASHED, AgentStatus.FAILED})
 
 
 class ErrorKind(StrEnum):

@@ -249,6 +249,11 @@ class DaemonActivity(Base):
     agents_total: Mapped[int] = mapped_column(Integer())
     agents_live: Mapped[int] = mapped_column(Integer())
     agents_idle: Mapped[int] = mapped_column(Integer())
+    agents_interrupted: Mapped[int] = mapped_column(Integer(), server_default="0")
+    """Agents stopped with work left (drained, crashed, failed): the operator resumes them."""
     reported_at: Mapped[datetime]
+    received_at: Mapped[datetime | None]
+    """When the ledger stored it, on the orchestrator's clock (the daemon's may differ):
+    how the operator tells a silent daemon, and a heartbeat newer than an operation."""
     seq: Mapped[int] = mapped_column(BigInteger())
     """Monotonic per daemon, across its restarts; a heartbeat with seq <= this is stale."""

@@ -180,6 +180,9 @@ class ActivityView:
     agents_idle: int
     reported_at: datetime
     seq: int
+    received_at: datetime
+    """When the ledger stored it, on the orchestrator's clock."""
+    agents_interrupted: int = 0
 
 
 # ----------------------------------------------------------------------------- engine
@@ -550,6 +553,7 @@ class Ledger:
         agents_idle: int,
         seq: int,
         reported_at: datetime,
+        agents_interrupted: int = 0,
     ) -> ActivityView:
         """Keep a daemon's heartbeat unless a newer one (higher ``seq``) is stored already.
 
@@ -560,10 +564,12 @@ class Ledger:
         total = _count("agents_total", agents_total)
         live = _count("agents_live", agents_live)
         idle = _count("agents_idle", agents_idle)
-        if not idle <= live <= total:
+        interrupted = _count("agents_interrupted", agents_interrupted)
+        if not idle <= live <= total or live + interrupted > total:
             raise ValueError(
                 f"activity of {namespace}/{name}: need agents_idle <= agents_live <= "
-                f"agents_total, got {idle}, {live}, {total}"
+                f"agents_total and agents_live + agents_interrupted <= agents_total, got "
+                f"{idle}, {live}, {total}, {interrupted}"
             )
         values: dict[str, Any] = {
             "namespace": _text("namespace", namespace, NAMESPACE_MAX),
@@ -573,8 +579,10 @@ class Ledger:
             "agents_total": total,
             "agents_live": live,
             "agents_idle": idle,
+            "agents_interrupted": interrupted,
             "reported_at": _aware("reported_at", reported_at),
             "seq": _count("seq", seq),
+            "received_at": _now(),
         }
         if values["reported_at"] is None:
             raise ValueError("reported_at is required")
@@ -708,6 +716,8 @@ def _activity_view(row: DaemonActivity) -> ActivityView:
         agents_idle=row.agents_idle,
         reported_at=row.reported_at,
         seq=row.seq,
+        agents_interrupted=row.agents_interrupted,
+        received_at=row.received_at or row.reported_at,
     )
 
 

@@ -41,14 +41,18 @@ from orchestrator.ledger import (
 from orchestrator.operator import crd, kube
 from orchestrator.operator.lifecycle import (
     AgentCounts,
+    Availability,
+    AvailabilityDecision,
     ConditionChange,
     DeleteAction,
     LaunchStep,
     Phase,
     Purpose,
+    RecoveryHistory,
     SpecError,
     TaskSpec,
     Wanted,
+    availability,
     condition,
     decide_delete,
     launch_step,
@@ -90,6 +94,14 @@ def _parse_iso(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def _counts(activity: ActivityView) -> AgentCounts:
+    return AgentCounts(
+        total=activity.agents_total,
+        live=activity.agents_live,
+        interrupted=activity.agents_interrupted,
+    )
 
 
 def _operation_status(op: OperationView) -> dict[str, Any]:
@@ -297,13 +309,40 @@ class Reconciler:
 
     async def fresh_activity(self) -> ActivityView | None:
         """The daemon's latest heartbeat, if it is from this task and this phase."""
-        activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
-        if activity is None or (activity.task_uid not in (None, self.uid)):
+        activity = await self.latest_activity()
+        if activity is None:
             return None
         since = _parse_iso(self.status.get("phaseSince"))
         if since is not None and activity.reported_at < since:
             return None
         return activity
+
+    async def latest_activity(self) -> ActivityView | None:
+        """The daemon's latest heartbeat, if it is from this task."""
+        activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
+        if activity is None or (activity.task_uid not in (None, self.uid)):
+            return None
+        return activity
+
+    def recovery_history(self) -> RecoveryHistory:
+        return RecoveryHistory(
+            count=int(self.status.get("recoveries") or 0),
+            streak=int(self.status.get("recoveryStreak") or 0),
+            last_at=_parse_iso(self.status.get("lastRecoveryAt")),
+        )
+
+    def heartbeat_age(self, activity: ActivityView | None) -> float | None:
+        if activity is None:
+            return None
+        return max(0.0, (self.now - activity.received_at).total_seconds())
+
+    async def since_last_operation(self, activity: ActivityView) -> bool:
+        """Whether the heartbeat reached the ledger after the last operation finished, so
+        it shows what that operation left (a recovery's agents live), not what it found."""
+        op = await self.last_operation()
+        if op is None or op.finished_at is None:
+            return op is None
+        return activity.received_at > op.finished_at
 
     async def await_running(self, spec: TaskSpec) -> None:
         op = await self.last_operation()
@@ -315,36 +354,147 @@ class Reconciler:
             if outcome.still_resuming:
                 return
         activity = await self.fresh_activity()
+        if activity is not None and not await self.since_last_operation(activity):
+            return  # a heartbeat from before the resume finished: wait for the next one
         reported = None
         if activity is not None:
-            reported = AgentCounts(total=activity.agents_total, live=activity.agents_live)
+            reported = _counts(activity)
         step = launch_step(self.status.get("phase"), reported)
         # Without a heartbeat launch_step answers WAIT: both branches below have one.
         if step is LaunchStep.RUNNING:
-            assert activity is not None
+            assert activity is not None and reported is not None
+            self.set_status(agents=activity.agents_live)
+            self.apply_condition(
+                availability(
+                    reported,
+                    0.0,
+                    self.settings.heartbeat_interval_secs,
+                    self.recovery_history(),
+                    self.now,
+                ).condition
+            )
+            self.recovered(reported)
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
         elif step is LaunchStep.RECOVER:
-            assert activity is not None
-            op = await _ledger_call(
-                pipeline.start_resume, app, self.ledger, self.settings,
-                namespace=self.namespace, name=self.name, checkpoint_ref=None,
-                task_uid=self.uid,
-                idempotency_key=operation_key(self.uid, Purpose.RECOVER, activity.seq),
-            )  # fmt: skip
-            self.record_operation(op)
-            self.set_phase(Phase.RESUMING, "the daemon restarted; resuming its agents")
+            assert activity is not None and reported is not None
+            await self.act_on(self.availability(reported, activity), spec, reported)
+
+    def availability(self, counts: AgentCounts, activity: ActivityView) -> AvailabilityDecision:
+        return availability(
+            counts, self.heartbeat_age(activity), self.settings.heartbeat_interval_secs,
+            self.recovery_history(), self.now,
+        )  # fmt: skip
 
     async def while_running(self, spec: TaskSpec) -> None:
-        activity = await self.fresh_activity()
-        idle_since = activity.all_idle_since if activity is not None else None
-        self.set_status(idleSince=_iso(idle_since))
         wanted = wanted_transition(
             spec, Phase.RUNNING, None, self.wake_value(), self.status.get("lastWake")
         )
         if wanted is Wanted.PAUSE:
             await self.start_pause(spec, "manual")
-        elif should_idle_pause(spec, Phase.RUNNING, idle_since, self.now):
-            await self.start_pause(spec, "idle")
+            return
+        activity = await self.latest_activity()
+        counts = None if activity is None else _counts(activity)
+        decision = availability(
+            counts, self.heartbeat_age(activity), self.settings.heartbeat_interval_secs,
+            self.recovery_history(), self.now,
+        )  # fmt: skip
+        if activity is not None:
+            self.set_status(agents=activity.agents_live)
+        if decision.step is Availability.AVAILABLE:
+            assert counts is not None and activity is not None
+            self.apply_condition(decision.condition)
+            if decision.streak_over:
+                self.set_status(recoveryStreak=0)
+            self.recovered(counts)
+            self.set_phase(Phase.RUNNING, decision.condition.message)
+            fresh = await self.fresh_activity()
+            idle_since = fresh.all_idle_since if fresh is not None else None
+            self.set_status(idleSince=_iso(idle_since))
+            if should_idle_pause(spec, Phase.RUNNING, idle_since, self.now):
+                await self.start_pause(spec, "idle")
+            return
+        # Stopped or unknown agents are never idle: nothing to pause.
+        self.set_status(idleSince=None)
+        if decision.step is Availability.DAEMON_SILENT:
+            self.apply_condition(decision.condition)
+            self.disrupted("DaemonSilent", decision.condition.message)
+            self.set_phase(Phase.PROVISIONING, f"waiting for the daemon: "
+                                               f"{decision.condition.message}")  # fmt: skip
+            return
+        assert counts is not None and activity is not None
+        if not await self.since_last_operation(activity):
+            return  # what a recovery found, not what it left: wait for the next heartbeat
+        await self.act_on(decision, spec, counts)
+
+    async def act_on(
+        self, decision: AvailabilityDecision, spec: TaskSpec, counts: AgentCounts
+    ) -> None:
+        """Begin a recovery of interrupted agents, or say why not yet."""
+        if decision.step is Availability.CRASH_LOOP and self.rearmed():
+            decision = AvailabilityDecision(Availability.RECOVER, decision.condition)
+            self.set_status(recoveryStreak=0)
+        self.apply_condition(decision.condition)
+        if decision.step is Availability.RECOVER:
+            await self.start_recovery(counts, decision.condition.reason,
+                                      streak_over=decision.streak_over)  # fmt: skip
+            return
+        if decision.step is Availability.CRASH_LOOP:
+            self.disrupted("CrashLoop", decision.condition.message)
+        self.set_phase(Phase.RUNNING, decision.condition.message)
+
+    def rearmed(self) -> bool:
+        """A new wake annotation value: the user asks to try a crash-looping task again."""
+        wake = self.wake_value()
+        if not wake or wake == self.status.get("lastWake"):
+            return False
+        self.set_status(lastWake=wake)
+        return True
+
+    async def start_recovery(self, counts: AgentCounts, why: str, *, streak_over: bool) -> None:
+        history = self.recovery_history()
+        number = history.count + 1
+        streak = (0 if streak_over else history.streak) + 1
+        op = await _ledger_call(
+            pipeline.start_resume, app, self.ledger, self.settings,
+            namespace=self.namespace, name=self.name, checkpoint_ref=None, task_uid=self.uid,
+            idempotency_key=operation_key(self.uid, Purpose.RECOVER, number),
+        )  # fmt: skip
+        self.record_operation(op)
+        cause = {
+            "DaemonRestarted": "the daemon restarted",
+            "AgentsStopped": "agents stopped in a running daemon",
+        }.get(why, why)
+        message = (
+            f"resuming {counts.interrupted} interrupted agent"
+            f"{'s' if counts.interrupted != 1 else ''}: {cause} (recovery {number})"
+        )
+        kopf.warn(self.body, reason="AgentsInterrupted", message=message)
+        self.set_status(
+            recoveries=number, recoveryStreak=streak, lastRecoveryAt=_iso(self.now),
+            disruptedAt=self.status.get("disruptedAt") or _iso(self.now),
+        )  # fmt: skip
+        self.set_phase(Phase.RESUMING, message)
+
+    def disrupted(self, reason: str, message: str) -> None:
+        """A Warning event once per disruption (not once per pass), and its start time."""
+        if self.status.get("disruptedAt") and self.status.get("disruption") == reason:
+            return
+        kopf.warn(self.body, reason=reason, message=message)
+        self.set_status(disruption=reason, disruptedAt=self.status.get("disruptedAt")
+                        or _iso(self.now))  # fmt: skip
+
+    def recovered(self, counts: AgentCounts) -> None:
+        """The Normal event that ends a disruption: every agent with work left is live."""
+        since = _parse_iso(self.status.get("disruptedAt"))
+        if since is None or counts.interrupted:
+            return
+        secs = (self.now - since).total_seconds()
+        kopf.info(
+            self.body,
+            reason="Recovered",
+            message=f"{counts.live} agents live again {secs:.1f}s after the disruption",
+        )
+        self.set_status(disruptedAt=None, disruption=None)  # fmt: skip
 
     def wake_value(self) -> str | None:
         value = self.meta.annotations.get(crd.WAKE_ANNOTATION)

@@ -246,6 +246,7 @@ def activity(**kwargs: object) -> None:
             agents_total=report.agents_total,
             agents_live=report.agents_live,
             agents_idle=report.agents_idle,
+            agents_interrupted=report.agents_interrupted,
             seq=report.seq,
             reported_at=_utc(report.reported_at) or datetime.now(UTC),
         )

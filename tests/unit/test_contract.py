@@ -91,11 +91,12 @@ SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
     (
         ActivityReport(
             namespace="team-a", name="task-1", task_uid=None, seq=17, reported_at=1700000000.5,
-            agents_total=2, agents_live=2, agents_idle=1, all_idle_since=None,
+            agents_total=3, agents_live=2, agents_idle=1, all_idle_since=None,
+            agents_interrupted=1,
         ),
         {"namespace": "team-a", "name": "task-1", "task_uid": None, "seq": 17,
-         "reported_at": 1700000000.5, "agents_total": 2, "agents_live": 2, "agents_idle": 1,
-         "all_idle_since": None},
+         "reported_at": 1700000000.5, "agents_total": 3, "agents_live": 2, "agents_idle": 1,
+         "all_idle_since": None, "agents_interrupted": 1},
     ),
 ]  # fmt: skip
 

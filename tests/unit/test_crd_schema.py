@@ -246,7 +246,8 @@ def test_status_subresource_is_enabled(crd: dict[str, Any]) -> None:
 def test_printer_columns_point_at_real_fields(crd: dict[str, Any], schema: Schema) -> None:
     columns = {c["name"]: c for c in crd_version(crd, "v1alpha1")["additionalPrinterColumns"]}
     assert {"Phase", "Checkpoint", "Age"} <= set(columns)
-    assert list(columns) == ["Phase", "Agents", "Checkpoint", "Idle-Since", "Age"]
+    assert list(columns) == ["Phase", "Agents", "Live", "Checkpoint", "Idle-Since", "Age"]
+    assert columns["Live"]["jsonPath"] == ".status.agents"  # what the daemon reports now
     assert columns["Phase"]["jsonPath"] == ".status.phase"
     assert columns["Checkpoint"]["jsonPath"] == ".status.checkpointRef"
     assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"

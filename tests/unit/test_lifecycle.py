@@ -16,16 +16,23 @@ import pytest
 from orchestrator.ledger import OperationState
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
+    CRASH_LOOP_LIMIT,
+    HEARTBEATS_MISSED_BEFORE_SILENT,
+    RECOVERY_BACKOFF_SECS,
+    RECOVERY_STREAK_RESET_SECS,
     AgentCounts,
+    Availability,
     ConditionChange,
     DeleteAction,
     LaunchStep,
     Phase,
     Purpose,
+    RecoveryHistory,
     ResumeOutcome,
     SpecError,
     TaskSpec,
     Wanted,
+    availability,
     condition,
     decide_delete,
     launch_step,
@@ -298,25 +305,30 @@ def test_sandbox_suspension_shapes(
 
 NO_HEARTBEAT = None
 NO_AGENTS = AgentCounts(total=0, live=0)
-ALL_STOPPED = AgentCounts(total=3, live=0)
-SOME_LIVE = AgentCounts(total=3, live=2)
+ALL_INTERRUPTED = AgentCounts(total=3, live=0, interrupted=3)
+ALL_FINISHED = AgentCounts(total=3, live=0, interrupted=0)
+SOME_LIVE = AgentCounts(total=3, live=2, interrupted=1)
 W, RUN, RECOVER = LaunchStep.WAIT, LaunchStep.RUNNING, LaunchStep.RECOVER
-#                     no heartbeat  no agents  all stopped  some live
+#                     no heartbeat  no agents  interrupted  finished  some live
 LAUNCH_TABLE = {
-    None:               (W,         W,         W,           W),
-    Phase.PENDING:      (W,         W,         W,           W),
-    Phase.PROVISIONING: (W,         W,         RECOVER,     RUN),
-    Phase.RUNNING:      (W,         W,         W,           W),
-    Phase.DRAINING:     (W,         W,         W,           W),
-    Phase.SUSPENDED:    (W,         W,         W,           W),
-    Phase.RESUMING:     (W,         W,         RECOVER,     RUN),
-    Phase.COMPLETED:    (W,         W,         W,           W),
-    Phase.FAILED:       (W,         W,         W,           W),
+    None:               (W,         W,         W,           W,        W),
+    Phase.PENDING:      (W,         W,         W,           W,        W),
+    Phase.PROVISIONING: (W,         W,         RECOVER,     RUN,      RUN),
+    Phase.RUNNING:      (W,         W,         W,           W,        W),
+    Phase.DRAINING:     (W,         W,         W,           W,        W),
+    Phase.SUSPENDED:    (W,         W,         W,           W,        W),
+    Phase.RESUMING:     (W,         W,         RECOVER,     RUN,      RUN),
+    Phase.COMPLETED:    (W,         W,         W,           W,        W),
+    Phase.FAILED:       (W,         W,         W,           W,        W),
 }  # fmt: skip
+"""Agents stopped on purpose or finished (killed, done) are never resumed: a daemon that
+comes back with only those is Running with nothing to run (AgentsAvailable says so),
+not a recovery that would resume nothing, over and over."""
 REPORTS = [
     ("no-heartbeat", NO_HEARTBEAT),
     ("no-agents", NO_AGENTS),
-    ("all-stopped", ALL_STOPPED),
+    ("all-interrupted", ALL_INTERRUPTED),
+    ("all-finished", ALL_FINISHED),
     ("some-live", SOME_LIVE),
 ]
 
@@ -449,3 +461,89 @@ def test_status_patch_carries_only_differences() -> None:
         "checkpointRef": "ckpt-b"
     }
     assert status_patch(current, dict(current)) == {}
+
+
+# ---------------------------------------------------------------------- disruptions
+
+INTERVAL = 15.0  # the default heartbeat interval
+FRESH = 1.0
+
+
+def _available(counts: AgentCounts | None, age: float | None = FRESH,
+               history: RecoveryHistory | None = None) -> Any:  # fmt: skip
+    return availability(counts, age, INTERVAL, history or RecoveryHistory(), NOW)
+
+
+def test_every_agent_live_is_available_and_says_how_many() -> None:
+    decision = _available(AgentCounts(total=3, live=3))
+    assert decision.step is Availability.AVAILABLE
+    assert (decision.condition.type, decision.condition.status) == ("AgentsAvailable", True)
+    assert decision.condition.message == "3 of 3 agents live"
+
+
+def test_a_daemon_back_with_every_agent_interrupted_is_recovered_at_once() -> None:
+    decision = _available(AgentCounts(total=3, live=0, interrupted=3))
+    assert decision.step is Availability.RECOVER
+    assert decision.condition.status is False
+    assert decision.condition.reason == "DaemonRestarted"
+    assert "3 interrupted" in decision.condition.message
+
+
+def test_one_agent_crashed_in_a_running_daemon_is_recovered_as_agents_stopped() -> None:
+    decision = _available(AgentCounts(total=3, live=2, interrupted=1))
+    assert decision.step is Availability.RECOVER
+    assert decision.condition.reason == "AgentsStopped"
+
+
+def test_agents_killed_or_done_on_purpose_are_not_brought_back() -> None:
+    decision = _available(AgentCounts(total=3, live=1, interrupted=0))
+    assert decision.step is Availability.AVAILABLE
+    assert "2 stopped on purpose or finished" in decision.condition.message
+    every_one_finished = _available(AgentCounts(total=3, live=0, interrupted=0))
+    assert every_one_finished.step is Availability.AVAILABLE
+    assert every_one_finished.condition.status is False
+    assert every_one_finished.condition.reason == "AgentsFinished"
+
+
+@pytest.mark.parametrize("age", [None, HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL + 0.5, 3600.0])
+def test_no_recent_heartbeat_is_a_silent_daemon_never_the_last_count(age: float | None) -> None:
+    decision = _available(AgentCounts(total=3, live=3), age=age)
+    assert decision.step is Availability.DAEMON_SILENT
+    assert (decision.condition.status, decision.condition.reason) == (False, "DaemonSilent")
+
+
+def test_a_heartbeat_just_inside_the_silence_bound_still_counts() -> None:
+    age = HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL
+    assert _available(AgentCounts(total=3, live=3), age=age).step is Availability.AVAILABLE
+
+
+def test_repeated_crashes_back_off_then_stop_as_a_crash_loop() -> None:
+    stopped = AgentCounts(total=1, live=0, interrupted=1)
+    for streak in range(1, CRASH_LOOP_LIMIT):
+        backoff = RECOVERY_BACKOFF_SECS[streak]
+        too_soon = RecoveryHistory(streak, streak, NOW - timedelta(seconds=backoff - 1))
+        waiting = _available(stopped, history=too_soon)
+        assert waiting.step is Availability.BACKOFF, streak
+        assert waiting.wait_secs == pytest.approx(1.0)
+        due = RecoveryHistory(streak, streak, NOW - timedelta(seconds=backoff))
+        assert _available(stopped, history=due).step is Availability.RECOVER, streak
+    looping = RecoveryHistory(9, CRASH_LOOP_LIMIT, NOW - timedelta(seconds=30))
+    decision = _available(stopped, history=looping)
+    assert decision.step is Availability.CRASH_LOOP
+    assert decision.condition.reason == "CrashLoop"
+    assert "wake annotation" in decision.condition.message
+
+
+def test_a_streak_ends_once_the_agents_ran_undisturbed_long_enough() -> None:
+    old = RecoveryHistory(7, CRASH_LOOP_LIMIT, NOW - timedelta(seconds=RECOVERY_STREAK_RESET_SECS))
+    quiet = _available(AgentCounts(total=2, live=2), history=old)
+    assert quiet.step is Availability.AVAILABLE and quiet.streak_over
+    # A disruption after the quiet spell is a first one again: resumed at once.
+    again = _available(AgentCounts(total=2, live=0, interrupted=2), history=old)
+    assert again.step is Availability.RECOVER and again.streak_over
+
+
+def test_the_first_recovery_of_a_task_never_waits() -> None:
+    decision = _available(AgentCounts(total=2, live=0, interrupted=2), history=RecoveryHistory())
+    assert decision.step is Availability.RECOVER
+    assert RECOVERY_BACKOFF_SECS[0] == 0
