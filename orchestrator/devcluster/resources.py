@@ -233,6 +233,12 @@ def builtin_resources() -> list[ServedResource]:
               columns=(_column("Type", ".spec.type"), _column("Cluster-IP", ".spec.clusterIP"),
                        age)),
         ServedResource(
+            "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
+            "poddisruptionbudget", namespaced=True, short_names=("pdb",), status_subresource=True,
+            columns=(_column("Min Available", ".spec.minAvailable"),
+                     _column("Max Unavailable", ".spec.maxUnavailable"), age),
+        ),
+        ServedResource(
             "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
             "customresourcedefinition", namespaced=False, short_names=("crd", "crds"),
             categories=("api-extensions",), status_subresource=True,

@@ -38,6 +38,7 @@ from orchestrator.ledger import (
     OperationState,
     OperationView,
 )
+from orchestrator.ledger.models import TERMINAL_STATES
 from orchestrator.operator import crd, kube
 from orchestrator.operator.lifecycle import (
     AgentCounts,
@@ -227,6 +228,16 @@ class Reconciler:
             await self.finish_pause(spec)
         elif phase == Phase.SUSPENDED:
             await self.while_suspended(spec)
+        await self.guard_operation_in_progress()
+
+    async def guard_operation_in_progress(self) -> None:
+        """The drain guard exists exactly while the task's last operation is on its way."""
+        last = self.status.get("lastOperation") or {}
+        in_progress = bool(last.get("id")) and last.get("state") not in TERMINAL_STATES
+        if not self.settings.manage_sandbox or bool(self.status.get("drainGuard")) == in_progress:
+            return
+        await kube.guard_against_eviction(self.namespace, self.name, self.owner(), in_progress)
+        self.set_status(drainGuard=in_progress)
 
     async def provision(self, spec: TaskSpec) -> None:
         pvc_name = self.pvc_name
@@ -304,7 +315,14 @@ class Reconciler:
                 "ownerReferences": [self.owner()],
                 "labels": {crd.TASK_LABEL: self.name},
             },
-            "spec": {**suspended, "podTemplate": {"spec": pod_spec}},
+            "spec": {
+                **suspended,
+                # The label is how the drain guard (a PodDisruptionBudget) finds the pod.
+                "podTemplate": {
+                    "metadata": {"labels": {crd.TASK_LABEL: self.name}},
+                    "spec": pod_spec,
+                },
+            },
         }
 
     async def fresh_activity(self) -> ActivityView | None:
@@ -612,6 +630,8 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
                 reason=CheckpointReason.DELETE, pvc_name=r.pvc_name, idempotency_key=key,
             )  # fmt: skip
             r.record_operation(op)
+            if r.settings.manage_sandbox:  # gone with the task (it owns the guard)
+                await kube.guard_against_eviction(r.namespace, r.name, r.owner(), True)
             r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
             # Written now rather than when the handler returns, so kubectl shows
             # Draining while the handler follows the drain.

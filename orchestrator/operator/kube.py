@@ -146,3 +146,41 @@ async def patch_task_status(namespace: str, name: str, status: dict[str, Any]) -
         crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name,
         {"status": status}, _content_type=MERGE_PATCH,
     )  # fmt: skip
+
+
+def drain_guard_name(task_name: str) -> str:
+    """The PodDisruptionBudget that guards a task's drain or resume in progress."""
+    return f"{task_name[:240]}-drain-guard"
+
+
+async def guard_against_eviction(
+    namespace: str, task_name: str, owner: dict[str, Any], guarded: bool
+) -> None:
+    """Create (``guarded``) or delete the task's drain guard: a PodDisruptionBudget with
+    ``maxUnavailable: 0`` over the task's pod, so a voluntary eviction (``kubectl drain``,
+    a cluster autoscaler) waits while a drain or resume is in progress instead of
+    interrupting it. Outside an operation there is none: an eviction then is only a
+    disruption the daemon's own SIGTERM drain and the operator's recovery absorb, and a
+    node drain is never blocked for longer than an operation takes."""
+    name = drain_guard_name(task_name)
+    api = client.PolicyV1Api()
+
+    def call() -> None:
+        try:
+            if guarded:
+                api.create_namespaced_pod_disruption_budget(namespace, {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": name, "namespace": namespace,
+                                 "labels": {crd.TASK_LABEL: task_name},
+                                 "ownerReferences": [owner]},
+                    "spec": {"maxUnavailable": 0,
+                             "selector": {"matchLabels": {crd.TASK_LABEL: task_name}}},
+                })  # fmt: skip
+            else:
+                api.delete_namespaced_pod_disruption_budget(name, namespace)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # already gone, or already there
+                raise
+
+    await asyncio.to_thread(call)

@@ -121,27 +121,36 @@ def events(stack: DevStack, name: str) -> list[tuple[str, str]]:
     return [(e.get("type", ""), e.get("reason", "")) for e in json.loads(listed)["items"]]
 
 
-class PhaseWatch:
-    """``kubectl get ctask NAME -w``: every phase the API served, in order."""
+class Watch:
+    """``kubectl get … -w`` in the background: every line it printed, in order."""
 
-    def __init__(self, stack: DevStack, name: str, root: Path) -> None:
-        self.out = root / f"watch-{name}-{time.monotonic_ns()}.txt"
-        argv = ["kubectl", "--kubeconfig", str(stack.kubeconfig), "get", "ctask", name, "-w",
-                "-o", "jsonpath={.status.phase}{\"\\n\"}"]  # fmt: skip
+    def __init__(self, stack: DevStack, root: Path, *args: str) -> None:
+        self.out = root / f"watch-{time.monotonic_ns()}.txt"
+        argv = ["kubectl", "--kubeconfig", str(stack.kubeconfig), "get", *args, "-w"]
         self._fh = self.out.open("w")
         self._process = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.DEVNULL)
 
-    def phases(self) -> list[str]:
-        seen: list[str] = []
-        for line in self.out.read_text().splitlines():
-            if line and (not seen or seen[-1] != line):
-                seen.append(line)
-        return seen
+    def lines(self) -> list[str]:
+        return [line for line in self.out.read_text().splitlines() if line]
 
     def close(self) -> None:
         self._process.terminate()
         self._process.wait(10)
         self._fh.close()
+
+
+class PhaseWatch(Watch):
+    """Every phase the API served for one task, repeats folded."""
+
+    def __init__(self, stack: DevStack, name: str, root: Path) -> None:
+        super().__init__(stack, root, "ctask", name, "-o", 'jsonpath={.status.phase}{"\\n"}')
+
+    def phases(self) -> list[str]:
+        seen: list[str] = []
+        for line in self.lines():
+            if not seen or seen[-1] != line:
+                seen.append(line)
+        return seen
 
 
 @dataclass
@@ -211,6 +220,9 @@ def test_an_evicted_daemon_drains_and_its_agents_resume_by_themselves(
     stack: DevStack, tmp_path: Path
 ) -> None:
     task = start_task(stack, "evicted")
+    sandbox = json.loads(stack.kubectl("get", "sandbox", task.name, "-o", "json").stdout)
+    grace = sandbox["spec"]["podTemplate"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > 30  # the default drainGracePeriod: an eviction's SIGTERM drain fits in it
     daemon = daemon_of(stack, task.pvc)
     watch = PhaseWatch(stack, task.name, tmp_path)
     try:
@@ -317,15 +329,28 @@ def test_an_eviction_during_a_deletion_drain_still_ends_with_one_checkpoint(
 
 
 def test_an_eviction_during_a_pause_still_suspends_with_its_checkpoint_and_wakes(
-    stack: DevStack,
+    stack: DevStack, tmp_path: Path
 ) -> None:
     task = start_task(stack, "evicted-pausing")
     daemon = daemon_of(stack, task.pvc)
+    guard = f"{task.name}-drain-guard"
+    budgets = Watch(stack, tmp_path, "pdb", "--output-watch-events")  # EVENT NAME … rows
     stack.kubectl("patch", "ctask", task.name, "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
     stack.wait_phase("default", task.name, "Draining", timeout=30)
     daemon.send_signal(signal.SIGTERM)
     stack.wait_phase("default", task.name, "Suspended", timeout=180)
+
+    # The drain guard (a PodDisruptionBudget) existed while the pause was on its way,
+    # so a voluntary eviction would have waited; it is gone once the pause is done.
+    def guard_events() -> list[str]:
+        rows = [line.split() for line in budgets.lines()]
+        return [row[0] for row in rows if len(row) > 1 and row[1] == guard]
+
+    wait_until(lambda: "DELETED" in guard_events(), 30, "the drain guard to go")
+    budgets.close()
+    assert guard_events() == ["ADDED", "DELETED"]
+    assert stack.kubectl("get", "pdb", guard, check=False).returncode != 0
     ref = stack.status("default", task.name)["checkpointRef"]
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None and checkpoint.verified
