@@ -1,6 +1,6 @@
 """``python -m bench``: run the benchmarks, print the report, optionally record it.
 
-``python -m bench [--scenario drain|pipeline|delete ...] [--quick] [--write]``. Exit 0
+``python -m bench [--scenario drain|pipeline|delete|recovery ...] [--quick] [--write]``. Exit 0
 when every check passes (under ``--quick`` the budgets are advisory: small N and one
 repetition say nothing about them, so only correctness decides), 1 when a budget is
 missed, 2 when a correctness check fails or a scenario errors.
@@ -15,10 +15,10 @@ import sys
 import time
 import traceback
 
-from bench import delete, drain, pipeline, report
+from bench import delete, drain, pipeline, recovery, report
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
@@ -27,6 +27,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
     with short_tmp(f"cd-{name[:3]}-") as root:
         if name == "pipeline":
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
+        if name == "recovery":
+            return recovery.run(args.quick, root, args.redis_port)
         return delete.run(args.quick, root, args.redis_port)
 
 

@@ -129,6 +129,8 @@ class Watch:
         argv = ["kubectl", "--kubeconfig", str(stack.kubeconfig), "get", *args, "-w"]
         self._fh = self.out.open("w")
         self._process = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.DEVNULL)
+        # The watch sees what changes from its first line on: disrupt only after it.
+        wait_until(self.lines, 30, f"kubectl get {' '.join(args)} -w to print")
 
     def lines(self) -> list[str]:
         return [line for line in self.out.read_text().splitlines() if line]
@@ -334,6 +336,9 @@ def test_an_eviction_during_a_pause_still_suspends_with_its_checkpoint_and_wakes
     task = start_task(stack, "evicted-pausing")
     daemon = daemon_of(stack, task.pvc)
     guard = f"{task.name}-drain-guard"
+    # A PodDisruptionBudget of no pod's, so the watch has a first line to wait for.
+    stack.kubectl("create", "pdb", "watch-sentinel", "--selector", "app=none",
+                  "--max-unavailable", "1")  # fmt: skip
     budgets = Watch(stack, tmp_path, "pdb", "--output-watch-events")  # EVENT NAME … rows
     stack.kubectl("patch", "ctask", task.name, "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
@@ -351,6 +356,7 @@ def test_an_eviction_during_a_pause_still_suspends_with_its_checkpoint_and_wakes
     budgets.close()
     assert guard_events() == ["ADDED", "DELETED"]
     assert stack.kubectl("get", "pdb", guard, check=False).returncode != 0
+    stack.kubectl("delete", "pdb", "watch-sentinel")
     ref = stack.status("default", task.name)["checkpointRef"]
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None and checkpoint.verified
