@@ -440,3 +440,21 @@ def _child_pids(daemon: DaemonProcess, module: str) -> set[int]:
             if f"worker_agent.{module}" in child.cmdline():
                 found.add(child.pid)
     return found
+
+
+def test_every_test_a_doc_names_exists() -> None:
+    """``file.py::test_name`` (and ``::test_name`` after it) in the docs name real tests:
+    the fault matrix is only as good as the tests it points at."""
+    by_name: dict[str, list[Path]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        by_name.setdefault(path.name, []).append(path)
+    missing = []
+    for doc in _docs():
+        current: Path | None = None
+        for file, test in re.findall(r"`?((?:[\w/]+/)?test_\w+\.py)?::(test_\w+)", doc.read_text()):
+            if file:
+                candidates = [REPO / file] if "/" in file else by_name.get(file, [])
+                current = next((p for p in candidates if p.exists()), None)
+            if current is None or f"def {test}(" not in current.read_text():
+                missing.append(f"{doc.relative_to(REPO)}: {file or '(previous file)'}::{test}")
+    assert not missing, "docs name tests that do not exist:\n" + "\n".join(missing)
