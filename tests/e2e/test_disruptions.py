@@ -37,6 +37,9 @@ pytestmark = pytest.mark.slow
 
 AGENTS = 3
 MODEL = "turns=100000,turn_ms=300"
+SLOW_TURNS = "turns=100000,turn_ms=1500"
+"""A worker finishes the turn it is in before it exits on SIGTERM: slow turns keep a
+drain on its way long enough for an eviction to land inside it."""
 RECOVERY_BOUND_SECS = 90.0
 """Generous: what the tests measured is in bench/RESULTS.md (``python -m bench``)."""
 
@@ -162,8 +165,8 @@ class Running:
     uid: str
 
 
-def start_task(stack: DevStack, name: str, **lifecycle: str) -> Running:
-    manifest = task_manifest(name, agents=AGENTS, model=MODEL, **lifecycle)
+def start_task(stack: DevStack, name: str, model: str = MODEL, **lifecycle: str) -> Running:
+    manifest = task_manifest(name, agents=AGENTS, model=model, **lifecycle)
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", name, "Running")
     pvc = pvc_of(stack, name)
@@ -314,7 +317,7 @@ def test_an_agent_a_user_killed_stays_stopped(stack: DevStack) -> None:
 def test_an_eviction_during_a_deletion_drain_still_ends_with_one_checkpoint(
     stack: DevStack,
 ) -> None:
-    task = start_task(stack, "evicted-deleting")
+    task = start_task(stack, "evicted-deleting", model=SLOW_TURNS)
     daemon = daemon_of(stack, task.pvc)
     stack.kubectl("delete", "ctask", task.name, "--wait=false")
     stack.wait_phase("default", task.name, "Draining", timeout=30)
@@ -333,12 +336,17 @@ def test_an_eviction_during_a_deletion_drain_still_ends_with_one_checkpoint(
 def test_an_eviction_during_a_pause_still_suspends_with_its_checkpoint_and_wakes(
     stack: DevStack, tmp_path: Path
 ) -> None:
-    task = start_task(stack, "evicted-pausing")
+    task = start_task(stack, "evicted-pausing", model=SLOW_TURNS)
     daemon = daemon_of(stack, task.pvc)
     guard = f"{task.name}-drain-guard"
     # A PodDisruptionBudget of no pod's, so the watch has a first line to wait for.
-    stack.kubectl("create", "pdb", "watch-sentinel", "--selector", "app=none",
-                  "--max-unavailable", "1")  # fmt: skip
+    sentinel = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "watch-sentinel", "namespace": "default"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "none"}}},
+    }
+    assert stack.apply(sentinel).returncode == 0  # fmt: skip
     budgets = Watch(stack, tmp_path, "pdb", "--output-watch-events")  # EVENT NAME … rows
     stack.kubectl("patch", "ctask", task.name, "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
