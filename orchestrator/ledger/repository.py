@@ -180,6 +180,10 @@ class ActivityView:
     agents_idle: int
     reported_at: datetime
     seq: int
+    idle_for_secs: float | None
+    """On the daemon host's monotonic clock, when it sent the heartbeat; None: not idle."""
+    received_at: datetime | None
+    """The orchestrator's clock; None only on a row stored before migration 0002."""
 
 
 # ----------------------------------------------------------------------------- engine
@@ -550,13 +554,22 @@ class Ledger:
         agents_idle: int,
         seq: int,
         reported_at: datetime,
+        idle_for_secs: float | None,
+        received_at: datetime,
     ) -> ActivityView:
         """Keep a daemon's heartbeat unless a newer one (higher ``seq``) is stored already.
 
         Answers what is stored afterwards, so a caller sees whether its heartbeat won.
         ``seq`` must grow across daemon restarts (wall-clock nanoseconds do), or a
         restarted daemon's heartbeats are ignored until it passes its old count.
+        ``idle_for_secs`` (the daemon's monotonic measure) and ``received_at`` (the
+        caller's clock, when it received the heartbeat) are what the idle pause reads.
         """
+        if idle_for_secs is not None and not 0 <= idle_for_secs < float("inf"):
+            raise ValueError(
+                f"activity of {namespace}/{name}: idle_for_secs must be a finite number "
+                f">= 0, got {idle_for_secs!r}"
+            )
         total = _count("agents_total", agents_total)
         live = _count("agents_live", agents_live)
         idle = _count("agents_idle", agents_idle)
@@ -575,9 +588,11 @@ class Ledger:
             "agents_idle": idle,
             "reported_at": _aware("reported_at", reported_at),
             "seq": _count("seq", seq),
+            "idle_for_secs": idle_for_secs,
+            "received_at": _aware("received_at", received_at),
         }
-        if values["reported_at"] is None:
-            raise ValueError("reported_at is required")
+        if values["reported_at"] is None or values["received_at"] is None:
+            raise ValueError("reported_at and received_at are required")
         with self._sessions.begin() as session:
             session.execute(_newer_heartbeat_upsert(self.backend, values))
             row = session.get(DaemonActivity, (namespace, name), populate_existing=True)
@@ -708,6 +723,8 @@ def _activity_view(row: DaemonActivity) -> ActivityView:
         agents_idle=row.agents_idle,
         reported_at=row.reported_at,
         seq=row.seq,
+        idle_for_secs=row.idle_for_secs,
+        received_at=row.received_at,
     )
 
 

@@ -715,17 +715,22 @@ class LedgerBehaviour:
                 agents_idle=idle,
                 seq=seq,
                 reported_at=reported + timedelta(seconds=seq),
+                idle_for_secs=12.5 if idle == 2 else None,
+                received_at=reported + timedelta(seconds=seq, milliseconds=3),
             )
 
         assert ledger.get_activity("default", "task-a") is None
         first = heartbeat(seq=5, idle=2)
         assert (first.seq, first.agents_idle, first.all_idle_since) == (5, 2, idle_since)
+        assert first.idle_for_secs == 12.5
+        assert first.received_at == reported + timedelta(seconds=5, milliseconds=3)
 
         assert heartbeat(seq=3, idle=0) == first
         assert heartbeat(seq=5, idle=0) == first
         newer = heartbeat(seq=6, idle=0)
 
         assert (newer.seq, newer.agents_idle, newer.all_idle_since) == (6, 0, None)
+        assert newer.idle_for_secs is None
         assert ledger.get_activity("default", "task-a") == newer
         assert ledger.get_activity("default", "task-b") is None
 
@@ -741,8 +746,69 @@ class LedgerBehaviour:
                 agents_idle=0,
                 seq=1,
                 reported_at=datetime.now(UTC),
+                idle_for_secs=None,
+                received_at=datetime.now(UTC),
             )
         assert ledger.get_activity("default", "task-a") is None
+
+    @pytest.mark.parametrize("idle_for", [-1.0, float("inf"), float("nan")], ids=str)
+    def test_an_idle_duration_that_is_no_duration_is_refused(
+        self, ledger: Ledger, idle_for: float
+    ) -> None:
+        with pytest.raises(ValueError, match="idle_for_secs must be a finite number >= 0"):
+            ledger.record_activity(
+                "default",
+                "task-a",
+                task_uid=None,
+                all_idle_since=None,
+                agents_total=1,
+                agents_live=1,
+                agents_idle=1,
+                seq=1,
+                reported_at=datetime.now(UTC),
+                idle_for_secs=idle_for,
+                received_at=datetime.now(UTC),
+            )
+        assert ledger.get_activity("default", "task-a") is None
+
+    def test_downgrade_to_0001_drops_the_idle_timing_and_keeps_the_heartbeat(
+        self, database_url: str
+    ) -> None:
+        upgrade(database_url)
+        ledger = Ledger.from_url(database_url)
+        received = datetime(2030, 1, 1, 12, 0, 1, tzinfo=UTC)
+        try:
+            ledger.record_activity(
+                "default", "task-a", task_uid=None, all_idle_since=None, agents_total=1,
+                agents_live=1, agents_idle=1, seq=7, reported_at=received,
+                idle_for_secs=30.0, received_at=received,
+            )  # fmt: skip
+        finally:
+            ledger.dispose()
+
+        downgrade(database_url, "0001")
+
+        assert current(database_url) == "0001"
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                columns = {c["name"] for c in inspect(connection).get_columns("daemon_activity")}
+                seq = connection.execute(text("SELECT seq FROM daemon_activity")).scalar_one()
+        finally:
+            engine.dispose()
+        assert {"idle_for_secs", "received_at"} & columns == set()
+        assert seq == 7
+
+        upgrade(database_url)
+
+        ledger = Ledger.from_url(database_url)
+        try:
+            kept = ledger.get_activity("default", "task-a")
+        finally:
+            ledger.dispose()
+        assert kept is not None and (kept.seq, kept.idle_for_secs, kept.received_at) == (
+            7, None, None,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ SQLite
@@ -800,6 +866,11 @@ def test_offline_mode_writes_the_upgrade_as_sql(url: str, dialect: str) -> None:
         assert f"CREATE TABLE {table}" in sql
     assert dialect in sql
     assert "INSERT INTO alembic_version (version_num) VALUES ('0001')" in sql
+    assert "ALTER TABLE daemon_activity ADD COLUMN idle_for_secs" in sql
+    assert (
+        "UPDATE alembic_version SET version_num='0002' WHERE alembic_version.version_num = '0001'"
+        in sql
+    )
 
 
 def test_only_sqlite_and_postgresql_urls_make_a_ledger() -> None:
