@@ -51,6 +51,7 @@ from orchestrator.operator.lifecycle import (
     Wanted,
     condition,
     decide_delete,
+    idle_report,
     launch_step,
     merge_conditions,
     operation_key,
@@ -296,12 +297,17 @@ class Reconciler:
         }
 
     async def fresh_activity(self) -> ActivityView | None:
-        """The daemon's latest heartbeat, if it is from this task and this phase."""
+        """The daemon's latest heartbeat, if it is from this task and this phase.
+
+        "This phase" is judged by when the orchestrator received it, never by the
+        daemon's own clock, which may be any distance from this one (a row stored before
+        the ledger kept receive stamps has only the daemon's)."""
         activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
         if activity is None or (activity.task_uid not in (None, self.uid)):
             return None
         since = _parse_iso(self.status.get("phaseSince"))
-        if since is not None and activity.reported_at < since:
+        arrived = activity.received_at or activity.reported_at
+        if since is not None and arrived < since:
             return None
         return activity
 
@@ -336,6 +342,7 @@ class Reconciler:
 
     async def while_running(self, spec: TaskSpec) -> None:
         activity = await self.fresh_activity()
+        # idleSince is the daemon's wall clock, shown as it is; the decision never reads it.
         idle_since = activity.all_idle_since if activity is not None else None
         self.set_status(idleSince=_iso(idle_since))
         wanted = wanted_transition(
@@ -343,7 +350,9 @@ class Reconciler:
         )
         if wanted is Wanted.PAUSE:
             await self.start_pause(spec, "manual")
-        elif should_idle_pause(spec, Phase.RUNNING, idle_since, self.now):
+        elif should_idle_pause(
+            spec, Phase.RUNNING, idle_report(activity), self.now, self.settings.heartbeat_gap_secs
+        ):
             await self.start_pause(spec, "idle")
 
     def wake_value(self) -> str | None:
