@@ -102,6 +102,17 @@ def all_at_once(count: int, call: Callable[[], T]) -> list[T]:
         return [future.result(timeout=30) for future in futures]
 
 
+def one_heartbeat(ledger: Ledger, **overrides: Any) -> Any:
+    """``record_activity`` of default/task-a: one idle agent, ``overrides`` changed."""
+    now = datetime.now(UTC)
+    heartbeat: dict[str, Any] = {
+        "task_uid": None, "all_idle_since": None, "agents_total": 1, "agents_live": 1,
+        "agents_idle": 1, "seq": 1, "reported_at": now, "idle_for_secs": None,
+        "received_at": now,
+    }  # fmt: skip
+    return ledger.record_activity("default", "task-a", **{**heartbeat, **overrides})
+
+
 def table_names(url: str) -> set[str]:
     engine = create_engine(url, poolclass=NullPool)
     try:
@@ -736,19 +747,7 @@ class LedgerBehaviour:
 
     def test_inconsistent_activity_counts_are_refused(self, ledger: Ledger) -> None:
         with pytest.raises(ValueError, match="agents_idle <= agents_live <= agents_total"):
-            ledger.record_activity(
-                "default",
-                "task-a",
-                task_uid=None,
-                all_idle_since=None,
-                agents_total=1,
-                agents_live=2,
-                agents_idle=0,
-                seq=1,
-                reported_at=datetime.now(UTC),
-                idle_for_secs=None,
-                received_at=datetime.now(UTC),
-            )
+            one_heartbeat(ledger, agents_live=2, agents_idle=0)
         assert ledger.get_activity("default", "task-a") is None
 
     @pytest.mark.parametrize("idle_for", [-1.0, float("inf"), float("nan")], ids=str)
@@ -756,19 +755,7 @@ class LedgerBehaviour:
         self, ledger: Ledger, idle_for: float
     ) -> None:
         with pytest.raises(ValueError, match="idle_for_secs must be a finite number >= 0"):
-            ledger.record_activity(
-                "default",
-                "task-a",
-                task_uid=None,
-                all_idle_since=None,
-                agents_total=1,
-                agents_live=1,
-                agents_idle=1,
-                seq=1,
-                reported_at=datetime.now(UTC),
-                idle_for_secs=idle_for,
-                received_at=datetime.now(UTC),
-            )
+            one_heartbeat(ledger, idle_for_secs=idle_for)
         assert ledger.get_activity("default", "task-a") is None
 
     def test_downgrade_to_0001_drops_the_idle_timing_and_keeps_the_heartbeat(
@@ -778,11 +765,7 @@ class LedgerBehaviour:
         ledger = Ledger.from_url(database_url)
         received = datetime(2030, 1, 1, 12, 0, 1, tzinfo=UTC)
         try:
-            ledger.record_activity(
-                "default", "task-a", task_uid=None, all_idle_since=None, agents_total=1,
-                agents_live=1, agents_idle=1, seq=7, reported_at=received,
-                idle_for_secs=30.0, received_at=received,
-            )  # fmt: skip
+            one_heartbeat(ledger, seq=7, idle_for_secs=30.0, received_at=received)
         finally:
             ledger.dispose()
 
