@@ -6,10 +6,10 @@ control requests on the local supervisor's Unix socket:
 - ``caliban.daemon.drain(op_id, grace_secs)`` → ``drain`` → the resume refs;
 - ``caliban.daemon.resume(op_id, agents)`` → ``resume`` of each agent not already live;
 
-and it sends ``caliban.orchestrator.activity`` heartbeats (counts, and how long the task has
-been idle on this host's monotonic clock) on every change and at least every heartbeat
-interval. The pod holds no Kubernetes
-credentials and no database URL: the broker is its only way out.
+and it sends ``caliban.orchestrator.activity`` heartbeats (counts, and how long the task
+has been idle on this host's monotonic clock) on every change and at least every
+heartbeat interval. The pod holds no Kubernetes credentials and no database URL: the
+broker is its only way out.
 
 ``drainctl daemon --queue … --broker …`` starts this module as a child process and
 restarts it if it dies; it can also run alone as ``python -m worker_agent.consumer``.
@@ -271,11 +271,12 @@ class Heartbeat(threading.Thread):
     """Sends an ``ActivityReport`` on every change of the counts, and at least every
     heartbeat interval, so the orchestrator's idle timing never goes stale.
 
-    ``report`` decides what to send (pure but for the injected clocks), ``run`` does the
-    I/O. The idle duration comes from an ``IdleClock`` on ``monotonic``; ``wall`` only
-    stamps ``reported_at`` and ``seq``. ``seq`` is wall-clock nanoseconds so that it grows
-    across consumer restarts, but never less than the last one sent plus one, so a
-    backward clock step does not make the orchestrator drop this consumer's heartbeats.
+    ``report`` decides what to send from the agents' records and the injected clocks,
+    ``run`` does the I/O. The idle duration comes from an ``IdleClock`` on ``monotonic``;
+    ``wall`` only stamps ``reported_at`` and ``seq``. ``seq`` is wall-clock nanoseconds
+    so that it grows across consumer restarts, but never less than the last one sent
+    plus one, so a backward clock step does not make the orchestrator drop this
+    consumer's heartbeats.
     """
 
     def __init__(
