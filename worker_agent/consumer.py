@@ -195,6 +195,10 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
 # ------------------------------------------------------------------------ heartbeats
 
 
+STOPPED_ON_PURPOSE = frozenset({AgentStatus.DONE, AgentStatus.KILLED})
+"""Stopped agents that leave the task idle: finished, or killed by a user; never resumed."""
+
+
 @dataclass(frozen=True)
 class ActivityCounts:
     """The part of a heartbeat the daemon's agent records decide."""
@@ -211,23 +215,22 @@ class ActivityCounts:
 def summarize(records: list[AgentRecord]) -> ActivityCounts:
     """Counts, and since when the task has been idle (None while it is not).
 
-    The task is idle when every live agent is ``idle`` and every stopped agent is
-    ``done``: its worker exited 0 by itself, so its work is over on purpose (the
-    supervisor records a drain's or a kill's exit as ``drained``/``killed`` whatever the
-    code, and any other exit as ``failed``). A stopped agent that did not finish —
-    ``crashed`` (a restarted daemon), ``drained`` (the daemon's own SIGTERM), ``killed``,
-    ``failed`` — holds the task out of idle: its work is unfinished, and what comes next
-    is a recovery resume or a person, not an idle pause. So no live agents means not
-    idle unless every agent is done, and no agents at all means not idle.
+    The task is idle when every live agent is ``idle`` and every stopped agent stopped on
+    purpose: ``done`` (its worker exited 0 by itself, its work over) or ``killed`` (a
+    user's ``kill``; nothing resumes it). A stopped agent with work left — ``crashed`` (a
+    restarted daemon), ``drained`` (the daemon's own SIGTERM, whatever its exit code),
+    ``failed`` (a non-zero exit by itself) — holds the task out of idle: what comes next
+    is a recovery resume, not an idle pause. So no live agents means not idle unless
+    every agent stopped on purpose, and no agents at all means not idle.
 
     The period starts when its last agent went idle (``idle_since``, else the record's
-    ``updated_at``) or finished (``updated_at``).
+    ``updated_at``) or stopped (``updated_at``).
     """
     live = [r for r in records if r.status.live]
     idle = [r for r in live if r.status is AgentStatus.IDLE]
     stopped = [r for r in records if not r.status.live]
     all_idle_since: float | None = None
-    if records and len(idle) == len(live) and all(r.status is AgentStatus.DONE for r in stopped):
+    if records and len(idle) == len(live) and all(r.status in STOPPED_ON_PURPOSE for r in stopped):
         moments = [r.idle_since or r.updated_at for r in idle]
         moments += [r.updated_at for r in stopped]
         all_idle_since = max(moments)

@@ -80,8 +80,10 @@ IDLE_A = record("a", AgentStatus.IDLE, 100.0, 100.0)
         pytest.param([record("a", AgentStatus.DRAINED, None, 200.0, exit=0),
                       record("b", AgentStatus.DRAINED, None, 210.0, exit=-15)], None,
                      id="all-drained-by-the-daemons-sigterm"),
-        pytest.param([record("a", AgentStatus.KILLED, None, 200.0, exit=-9)], None,
-                     id="killed-alone"),
+        pytest.param([record("a", AgentStatus.KILLED, None, 200.0, exit=-9)], 200.0,
+                     id="killed-by-a-user-alone"),
+        pytest.param([IDLE_A, record("b", AgentStatus.KILLED, None, 150.0, exit=-15)], 150.0,
+                     id="idle-and-killed-by-a-user-later"),
         pytest.param([record("a", AgentStatus.FAILED, None, 200.0, exit=1)], None,
                      id="failed-alone"),
         pytest.param([record("a", AgentStatus.DONE, None, 200.0, exit=0)], 200.0,
@@ -103,7 +105,7 @@ IDLE_A = record("a", AgentStatus.IDLE, 100.0, 100.0)
                      id="idle-and-spawning"),
     ],
 )  # fmt: skip
-def test_stopped_agents_are_idle_only_when_they_finished_on_purpose(
+def test_stopped_agents_are_idle_only_when_they_stopped_on_purpose(
     records: list[AgentRecord], all_idle_since: float | None
 ) -> None:
     assert summarize(records).all_idle_since == all_idle_since
