@@ -6,9 +6,10 @@ control requests on the local supervisor's Unix socket:
 - ``caliban.daemon.drain(op_id, grace_secs)`` → ``drain`` → the resume refs;
 - ``caliban.daemon.resume(op_id, agents)`` → ``resume`` of each agent not already live;
 
-and it sends ``caliban.orchestrator.activity`` heartbeats (all-idle-since, counts) on
-every change and at least every heartbeat interval. The pod holds no Kubernetes
-credentials and no database URL: the broker is its only way out.
+and it sends ``caliban.orchestrator.activity`` heartbeats (counts, and how long the task
+has been idle on this host's monotonic clock) on every change and at least every
+heartbeat interval. The pod holds no Kubernetes credentials and no database URL: the
+broker is its only way out.
 
 ``drainctl daemon --queue … --broker …`` starts this module as a child process and
 restarts it if it dies; it can also run alone as ``python -m worker_agent.consumer``.
@@ -24,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,6 +203,10 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
 # ------------------------------------------------------------------------ heartbeats
 
 
+STOPPED_ON_PURPOSE = frozenset({AgentStatus.DONE, AgentStatus.KILLED})
+"""Stopped agents that leave the task idle: finished, or killed by a user; never resumed."""
+
+
 @dataclass(frozen=True)
 class ActivityCounts:
     """The part of a heartbeat the daemon's agent records decide."""
@@ -209,21 +215,33 @@ class ActivityCounts:
     agents_live: int
     agents_idle: int
     all_idle_since: float | None
+    """Wall-clock start of the current all-idle period, from the records; None while the
+    task is not idle. It names the period (a new value is a new period) and is shown as
+    ``status.idleSince``; no duration is ever computed from it."""
     agents_interrupted: int = 0
 
 
 def summarize(records: list[AgentRecord]) -> ActivityCounts:
-    """Counts, and since when every agent has been idle (None while any works).
+    """Counts, and since when the task has been idle (None while it is not).
 
-    An agent that is not live (drained, done, …) does no work, so it counts as idle
-    since it stopped; with no agents at all there is nothing to be idle.
+    The task is idle when every live agent is ``idle`` and every stopped agent stopped on
+    purpose: ``done`` (its worker exited 0 by itself, its work over) or ``killed`` (a
+    user's ``kill``; nothing resumes it). A stopped agent with work left — ``crashed`` (a
+    restarted daemon), ``drained`` (the daemon's own SIGTERM, whatever its exit code),
+    ``failed`` (a non-zero exit by itself) — holds the task out of idle: what comes next
+    is a recovery resume, not an idle pause. So no live agents means not idle unless
+    every agent stopped on purpose, and no agents at all means not idle.
+
+    The period starts when its last agent went idle (``idle_since``, else the record's
+    ``updated_at``) or stopped (``updated_at``).
     """
     live = [r for r in records if r.status.live]
     idle = [r for r in live if r.status is AgentStatus.IDLE]
+    stopped = [r for r in records if not r.status.live]
     all_idle_since: float | None = None
-    if records and len(idle) == len(live):
+    if records and len(idle) == len(live) and all(r.status in STOPPED_ON_PURPOSE for r in stopped):
         moments = [r.idle_since or r.updated_at for r in idle]
-        moments += [r.updated_at for r in records if not r.status.live]
+        moments += [r.updated_at for r in stopped]
         all_idle_since = max(moments)
     return ActivityCounts(
         agents_total=len(records),
@@ -234,45 +252,103 @@ def summarize(records: list[AgentRecord]) -> ActivityCounts:
     )
 
 
+class IdleClock:
+    """How long the task has been idle, on this host's monotonic clock.
+
+    The agents' ``idle_since`` stamps are wall-clock times that an NTP step, a resumed
+    VM or a hand-set clock moves at will, so no duration is taken from them. Instead the
+    clock starts when the consumer first sees an all-idle period (at most one poll after
+    it began: a pause comes at most that much later, never earlier) and restarts
+    whenever the period's identity, its ``all_idle_since``, changes — an agent that
+    worked and went idle again between two polls starts a new period. A restarted
+    consumer starts counting again from zero, which delays a pause and never hastens one.
+    """
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self._period: float | None = None
+        self._began = 0.0
+
+    def idle_for(self, all_idle_since: float | None) -> float | None:
+        """Seconds the period named by ``all_idle_since`` has been seen idle (None: none)."""
+        if all_idle_since is None:
+            self._period = None
+            return None
+        now = self.monotonic()
+        if all_idle_since != self._period:
+            self._period, self._began = all_idle_since, now
+        return now - self._began
+
+
 class Heartbeat(threading.Thread):
     """Sends an ``ActivityReport`` on every change of the counts, and at least every
-    heartbeat interval, so the orchestrator's idle timing never goes stale."""
+    heartbeat interval, so the orchestrator's idle timing never goes stale.
 
-    def __init__(self, config: ConsumerConfig) -> None:
+    ``report`` decides what to send from the agents' records and the injected clocks,
+    ``run`` does the I/O. The idle duration comes from an ``IdleClock`` on ``monotonic``;
+    ``wall`` only stamps ``reported_at`` and ``seq``. ``seq`` is wall-clock nanoseconds
+    so that it grows across consumer restarts, but never less than the last one sent
+    plus one, so a backward clock step does not make the orchestrator drop this
+    consumer's heartbeats.
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(name="caliban-heartbeat", daemon=True)
         self.config = config
         self.interval = settings.heartbeat_interval_secs
         self.poll = settings.heartbeat_poll_secs
         self.stopping = threading.Event()
+        self.wall = wall
+        self.monotonic = monotonic
+        self.idle_clock = IdleClock(monotonic)
+        self._last: ActivityCounts | None = None
+        self._last_sent = 0.0
+        self._last_seq = 0
+
+    def report(self, records: list[AgentRecord]) -> tuple[ActivityCounts, ActivityReport] | None:
+        """The heartbeat due for these records, or None: nothing changed and the last one
+        was sent less than an interval ago. Call ``sent`` once it is on its way."""
+        counts = summarize(records)
+        idle_for = self.idle_clock.idle_for(counts.all_idle_since)
+        if counts == self._last and self.monotonic() - self._last_sent < self.interval:
+            return None
+        now = self.wall()
+        seq = max(int(now * 1_000_000_000), self._last_seq + 1)
+        report = ActivityReport(
+            namespace=self.config.namespace,
+            name=self.config.name,
+            task_uid=self.config.task_uid,
+            seq=seq,
+            reported_at=now,
+            agents_total=counts.agents_total,
+            agents_live=counts.agents_live,
+            agents_idle=counts.agents_idle,
+            all_idle_since=counts.all_idle_since,
+            idle_for_secs=idle_for,
+            agents_interrupted=counts.agents_interrupted,
+        )
+        return counts, report
+
+    def sent(self, counts: ActivityCounts, report: ActivityReport) -> None:
+        self._last, self._last_sent, self._last_seq = counts, self.monotonic(), report.seq
 
     def run(self) -> None:
-        last: ActivityCounts | None = None
-        last_sent = 0.0
-        last_seq = 0
         while not self.stopping.wait(self.poll):
             try:
                 with _client(self.config, timeout=10) as client:
-                    counts = summarize(client.agents())
+                    records = client.agents()
             except (ConnectionError, OSError) as exc:
                 log.warning("heartbeat_supervisor_unreachable error=%s", exc)
                 continue
-            if counts == last and time.monotonic() - last_sent < self.interval:
+            if (due := self.report(records)) is None:
                 continue
-            report = ActivityReport(
-                namespace=self.config.namespace,
-                name=self.config.name,
-                task_uid=self.config.task_uid,
-                # The ledger keeps only a higher seq: wall-clock nanoseconds carry it
-                # across daemon restarts, and never going back keeps a clock stepped
-                # backwards from silencing this daemon's heartbeats.
-                seq=(last_seq := max(time.time_ns(), last_seq + 1)),
-                reported_at=time.time(),
-                agents_total=counts.agents_total,
-                agents_live=counts.agents_live,
-                agents_idle=counts.agents_idle,
-                agents_interrupted=counts.agents_interrupted,
-                all_idle_since=counts.all_idle_since,
-            )
+            counts, report = due
             try:
                 app.send_task(
                     ACTIVITY,
@@ -283,7 +359,7 @@ class Heartbeat(threading.Thread):
             except Exception as exc:  # the broker may be restarting; try next poll
                 log.warning("heartbeat_send_failed error=%s", exc)
                 continue
-            last, last_sent = counts, time.monotonic()
+            self.sent(counts, report)
 
 
 _heartbeat: Heartbeat | None = None

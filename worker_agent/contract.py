@@ -114,6 +114,13 @@ class BrokerSettings(BaseSettings):
     heartbeat_poll_secs: float = Field(default=1.0, gt=0)
     """How often a daemon's consumer looks for activity changes."""
 
+    @property
+    def heartbeat_gap_secs(self) -> float:
+        """The longest a healthy consumer leaves between two heartbeats: the interval,
+        noticed at the next poll. The operator bridges at most this much wall-clock time
+        between heartbeats when it times an idle task (``lifecycle.idle_secs``)."""
+        return self.heartbeat_interval_secs + self.heartbeat_poll_secs
+
     def backend(self) -> str:
         if self.result_backend:
             return self.result_backend
@@ -272,8 +279,16 @@ class ResumeResult(Payload):
 class ActivityReport(Payload):
     """kwargs of ``caliban.orchestrator.activity``: one daemon's heartbeat.
 
-    ``seq`` grows across daemon restarts (wall-clock nanoseconds), so the orchestrator
-    keeps only the newest; times are Unix seconds."""
+    ``seq`` grows across daemon restarts (wall-clock nanoseconds, never less than the last
+    one plus one), so the orchestrator keeps only the newest. ``reported_at`` and
+    ``all_idle_since`` are the daemon's wall clock (Unix seconds), for display only.
+
+    ``idle_for_secs`` is the idle decision's input: how long every agent has been idle
+    when this report was made, on the daemon host's monotonic clock, so no clock step
+    and no skew between hosts changes it; None while the task is not idle. A report from
+    a daemon older than this field carries none, and none means no idle decision: such a
+    daemon's task is never idle-paused (upgrade the orchestrator before the daemons, as
+    ``extra="forbid"`` refuses the field on an older orchestrator)."""
 
     namespace: str
     name: str
@@ -284,6 +299,7 @@ class ActivityReport(Payload):
     agents_live: int = Field(ge=0)
     agents_idle: int = Field(ge=0)
     all_idle_since: float | None
+    idle_for_secs: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     agents_interrupted: int = Field(default=0, ge=0)
     """Agents stopped with work left (``AgentStatus.interrupted``): the orchestrator
     resumes them. Defaults to 0 for a daemon older than the field."""

@@ -4,8 +4,8 @@ Four tables: ``operations`` (one row per lifecycle operation, keyed for idempote
 ``checkpoints`` (at most one per operation) with their ``checkpoint_agents``, and
 ``daemon_activity`` (the latest heartbeat per daemon). ``repository`` is the only
 module that opens sessions on them and it hands out plain views, never these objects;
-``migrations/`` creates them (``versions/0001_initial.py`` is a frozen copy of this
-schema, and a test compares the two with Alembic's autogenerate).
+``migrations/`` creates them (``versions/0001_initial.py`` and the revisions after it are
+frozen steps to this schema, and a test compares the two with Alembic's autogenerate).
 
 Vocabularies are ``StrEnum``s stored as short strings with a CHECK constraint, so a
 row written by any client is one the repository can read back.
@@ -252,8 +252,12 @@ class DaemonActivity(Base):
     agents_interrupted: Mapped[int] = mapped_column(Integer(), server_default="0")
     """Agents stopped with work left (drained, crashed, failed): the operator resumes them."""
     reported_at: Mapped[datetime]
-    received_at: Mapped[datetime | None]
-    """When the ledger stored it, on the orchestrator's clock (the daemon's may differ):
-    how the operator tells a silent daemon, and a heartbeat newer than an operation."""
     seq: Mapped[int] = mapped_column(BigInteger())
     """Monotonic per daemon, across its restarts; a heartbeat with seq <= this is stale."""
+    idle_for_secs: Mapped[float | None] = mapped_column(Double())
+    """How long every agent had been idle when the daemon sent it, on the daemon host's
+    monotonic clock; None while not idle, or from a daemon too old to say."""
+    received_at: Mapped[datetime | None]
+    """When the orchestrator stored it, on the orchestrator's clock (the daemon's may
+    differ): what the idle pause bridges from, how the operator tells a silent daemon
+    and a heartbeat newer than an operation; None only on a row stored before 0002."""

@@ -180,8 +180,10 @@ class ActivityView:
     agents_idle: int
     reported_at: datetime
     seq: int
-    received_at: datetime
-    """When the ledger stored it, on the orchestrator's clock."""
+    idle_for_secs: float | None
+    """On the daemon host's monotonic clock, when it sent the heartbeat; None: not idle."""
+    received_at: datetime | None
+    """The orchestrator's clock; None only on a row stored before migration 0002."""
     agents_interrupted: int = 0
 
 
@@ -553,6 +555,8 @@ class Ledger:
         agents_idle: int,
         seq: int,
         reported_at: datetime,
+        idle_for_secs: float | None,
+        received_at: datetime,
         agents_interrupted: int = 0,
     ) -> ActivityView:
         """Keep a daemon's heartbeat unless a newer one (higher ``seq``) is stored already.
@@ -560,7 +564,14 @@ class Ledger:
         Answers what is stored afterwards, so a caller sees whether its heartbeat won.
         ``seq`` must grow across daemon restarts (wall-clock nanoseconds do), or a
         restarted daemon's heartbeats are ignored until it passes its old count.
+        ``idle_for_secs`` (the daemon's monotonic measure) and ``received_at`` (the
+        caller's clock, when it received the heartbeat) are what the idle pause reads.
         """
+        if idle_for_secs is not None and not 0 <= idle_for_secs < float("inf"):
+            raise ValueError(
+                f"activity of {namespace}/{name}: idle_for_secs must be a finite number "
+                f">= 0, got {idle_for_secs!r}"
+            )
         total = _count("agents_total", agents_total)
         live = _count("agents_live", agents_live)
         idle = _count("agents_idle", agents_idle)
@@ -582,10 +593,11 @@ class Ledger:
             "agents_interrupted": interrupted,
             "reported_at": _aware("reported_at", reported_at),
             "seq": _count("seq", seq),
-            "received_at": _now(),
+            "idle_for_secs": idle_for_secs,
+            "received_at": _aware("received_at", received_at),
         }
-        if values["reported_at"] is None:
-            raise ValueError("reported_at is required")
+        if values["reported_at"] is None or values["received_at"] is None:
+            raise ValueError("reported_at and received_at are required")
         with self._sessions.begin() as session:
             session.execute(_newer_heartbeat_upsert(self.backend, values))
             row = session.get(DaemonActivity, (namespace, name), populate_existing=True)
@@ -716,8 +728,9 @@ def _activity_view(row: DaemonActivity) -> ActivityView:
         agents_idle=row.agents_idle,
         reported_at=row.reported_at,
         seq=row.seq,
+        idle_for_secs=row.idle_for_secs,
+        received_at=row.received_at,
         agents_interrupted=row.agents_interrupted,
-        received_at=row.received_at or row.reported_at,
     )
 
 

@@ -56,6 +56,7 @@ from orchestrator.operator.lifecycle import (
     availability,
     condition,
     decide_delete,
+    idle_report,
     launch_step,
     merge_conditions,
     operation_key,
@@ -95,6 +96,12 @@ def _parse_iso(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def _arrived(activity: ActivityView) -> datetime:
+    """When the orchestrator received the heartbeat (its clock); the daemon's stamp only
+    for a row stored before the ledger kept receive stamps."""
+    return activity.received_at or activity.reported_at
 
 
 def _counts(activity: ActivityView) -> AgentCounts:
@@ -326,12 +333,16 @@ class Reconciler:
         }
 
     async def fresh_activity(self) -> ActivityView | None:
-        """The daemon's latest heartbeat, if it is from this task and this phase."""
+        """The daemon's latest heartbeat, if it is from this task and this phase.
+
+        "This phase" is judged by when the orchestrator received it, never by the
+        daemon's own clock, which may be any distance from this one (a row stored before
+        the ledger kept receive stamps has only the daemon's)."""
         activity = await self.latest_activity()
         if activity is None:
             return None
         since = _parse_iso(self.status.get("phaseSince"))
-        if since is not None and activity.reported_at < since:
+        if since is not None and _arrived(activity) < since:
             return None
         return activity
 
@@ -352,7 +363,7 @@ class Reconciler:
     def heartbeat_age(self, activity: ActivityView | None) -> float | None:
         if activity is None:
             return None
-        return max(0.0, (self.now - activity.received_at).total_seconds())
+        return max(0.0, (self.now - _arrived(activity)).total_seconds())
 
     async def since_last_operation(self, activity: ActivityView) -> bool:
         """Whether the heartbeat reached the ledger after the last operation finished, so
@@ -360,7 +371,7 @@ class Reconciler:
         op = await self.last_operation()
         if op is None or op.finished_at is None:
             return op is None
-        return activity.received_at > op.finished_at
+        return _arrived(activity) > op.finished_at
 
     async def await_running(self, spec: TaskSpec) -> None:
         op = await self.last_operation()
@@ -426,9 +437,12 @@ class Reconciler:
             self.recovered(counts)
             self.set_phase(Phase.RUNNING, decision.condition.message)
             fresh = await self.fresh_activity()
+            # idleSince is the daemon's wall clock, shown as it is; the decision never
+            # reads it.
             idle_since = fresh.all_idle_since if fresh is not None else None
             self.set_status(idleSince=_iso(idle_since))
-            if should_idle_pause(spec, Phase.RUNNING, idle_since, self.now):
+            bridge = self.settings.heartbeat_gap_secs
+            if should_idle_pause(spec, Phase.RUNNING, idle_report(fresh), self.now, bridge):
                 await self.start_pause(spec, "idle")
             return
         # Stopped or unknown agents are never idle: nothing to pause.

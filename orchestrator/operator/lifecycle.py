@@ -8,13 +8,13 @@ tests cover the whole table of phases and events without a cluster.
 Spec parsing lives here too: a malformed spec becomes a ``SpecError`` naming the field,
 which the operator turns into phase ``Failed`` with a condition, and keeps serving others.
 
-The decisions: what the drain finalizer does next (``decide_delete``), whether to
-idle-pause (``should_idle_pause``), what the user asked for through kubectl
-(``wanted_transition``), what a task waiting for its daemon does (``launch_step``: Running,
-or resume a daemon that came back with stopped agents), which condition a finished
-resume earns (``resume_outcome``), and the idempotency key of each operation
-(``operation_key``). Names on the wire come from ``crd``; ledger states and kinds are the
-ledger's enums.
+The decisions: what the drain finalizer does next (``decide_delete``), how long a task
+has been idle and whether to idle-pause (``idle_secs``, ``should_idle_pause``), what the
+user asked for through kubectl (``wanted_transition``), what a task waiting for its
+daemon does (``launch_step``: Running, or resume a daemon that came back with stopped
+agents), which condition a finished resume earns (``resume_outcome``), and the
+idempotency key of each operation (``operation_key``). Names on the wire come from
+``crd``; ledger states and kinds are the ledger's enums.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from orchestrator.ledger import OperationState
+from orchestrator.ledger import ActivityView, OperationState
 from orchestrator.ledger.models import CHECKPOINTED_STATES
 from orchestrator.operator.crd import SANDBOX_API_VERSIONS, SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 
@@ -104,7 +104,7 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     if prompt is not None and not isinstance(prompt, str):
         raise SpecError("task.prompt", f"{prompt!r} is not a string")
     idle = lifecycle.get("idleTimeout")
-    idle_secs = None if idle is None else parse_duration(idle, "lifecycle.idleTimeout")
+    idle_timeout = None if idle is None else parse_duration(idle, "lifecycle.idleTimeout")
     on_delete = lifecycle.get("onDelete", "checkpoint")
     if on_delete not in ("checkpoint", "delete"):
         raise SpecError("lifecycle.onDelete", f"{on_delete!r} is not checkpoint or delete")
@@ -125,7 +125,7 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         provider=provider,
         model=model,
         prompt=prompt,
-        idle_timeout_secs=idle_secs,
+        idle_timeout_secs=idle_timeout,
         on_delete=on_delete,
         drain_grace_secs=grace,
         drain_timeout_secs=timeout,
@@ -233,15 +233,61 @@ def decide_delete(
     return DeleteAction.WAIT
 
 
+@dataclass(frozen=True)
+class IdleReport:
+    """What the daemon's latest heartbeat says about idleness, as the ledger keeps it."""
+
+    idle_for_secs: float
+    """How long every agent had been idle when the daemon sent the heartbeat, measured
+    on the daemon host's monotonic clock."""
+    received_at: datetime
+    """When the orchestrator stored the heartbeat, on the orchestrator's wall clock."""
+
+
+def idle_report(activity: ActivityView | None) -> IdleReport | None:
+    """The idle part of a stored heartbeat: None when it is not idle, comes from a daemon
+    too old to measure idleness (no ``idle_for_secs``), or was stored before the ledger
+    kept a receive stamp. Its daemon-clock fields (``reported_at``, ``all_idle_since``)
+    are not read."""
+    if activity is None or activity.idle_for_secs is None or activity.received_at is None:
+        return None
+    return IdleReport(idle_for_secs=activity.idle_for_secs, received_at=activity.received_at)
+
+
+def idle_secs(report: IdleReport, now: datetime, bridge_secs: float) -> float:
+    """How long the task has been idle: the daemon's monotonic measure, plus the time
+    since the heartbeat arrived, clamped to ``[0, bridge_secs]``.
+
+    ``bridge_secs`` is the longest gap a healthy daemon leaves between heartbeats
+    (``BrokerSettings.heartbeat_gap_secs``: the interval plus one poll), so within it the
+    estimate grows with this clock as the daemon's would. The daemon's wall clock is
+    never read, so skew between its host and this one does not matter at all. The only
+    wall-clock difference is ``now - received_at`` (this host against the orchestrator
+    worker's), and the clamp keeps a step of any size, either way, or any skew between
+    those two, to at most ``bridge_secs`` of error: a forward jump cannot make a task
+    idle for longer than it reported plus one gap, and a backward jump cannot take away
+    what it reported. A daemon that stops reporting stops the estimate one gap after
+    its last heartbeat: a pause is then late, never early.
+    """
+    since_received = (now - report.received_at).total_seconds()
+    return report.idle_for_secs + min(max(since_received, 0.0), bridge_secs)
+
+
 def should_idle_pause(
-    spec: TaskSpec, phase: str | None, all_idle_since: datetime | None, now: datetime
+    spec: TaskSpec,
+    phase: str | None,
+    report: IdleReport | None,
+    now: datetime,
+    bridge_secs: float,
 ) -> bool:
-    """Pause when every agent has been idle for ``idleTimeout`` (and there is one)."""
-    if spec.idle_timeout_secs is None or phase != Phase.RUNNING or all_idle_since is None:
+    """Pause a Running task with an ``idleTimeout`` once ``idle_secs`` reaches it.
+
+    ``report`` is None when the latest heartbeat says the task is not idle, or comes
+    from a daemon too old to measure it (no ``idle_for_secs``): no idle decision at all,
+    rather than one taken from wall clocks (``all_idle_since`` is for display only)."""
+    if spec.idle_timeout_secs is None or phase != Phase.RUNNING or report is None:
         return False
-    # A heartbeat stamped ahead of this clock counts as idle for no time, not negative.
-    idle_secs = max(0.0, (now - all_idle_since).total_seconds())
-    return idle_secs >= spec.idle_timeout_secs
+    return idle_secs(report, now, bridge_secs) >= spec.idle_timeout_secs
 
 
 class Wanted(StrEnum):

@@ -230,13 +230,16 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
     **DB_RETRY,
 )
 def activity(**kwargs: object) -> None:
-    """Keep the latest heartbeat per daemon (an older one never overwrites a newer).
+    """Keep the latest heartbeat per daemon (an older one never overwrites a newer),
+    stamped with this worker's clock when it arrived: the operator bridges the time since
+    then (bounded, ``lifecycle.idle_secs``) onto the daemon's monotonic ``idle_for_secs``.
 
     A malformed heartbeat is logged and dropped: the next one replaces it."""
     report = _received(ActivityReport, kwargs, "activity heartbeat")
     if isinstance(report, str):
         log.error("activity_refused reason=%s", report)
         return
+    received_at = datetime.now(UTC)
     try:
         get_ledger().record_activity(
             report.namespace,
@@ -248,7 +251,9 @@ def activity(**kwargs: object) -> None:
             agents_idle=report.agents_idle,
             agents_interrupted=report.agents_interrupted,
             seq=report.seq,
-            reported_at=_utc(report.reported_at) or datetime.now(UTC),
+            reported_at=_utc(report.reported_at) or received_at,
+            idle_for_secs=report.idle_for_secs,
+            received_at=received_at,
         )
     except ValueError as exc:  # counts that contradict each other, names too long
         log.error("activity_refused task=%s/%s reason=%s", report.namespace, report.name, exc)

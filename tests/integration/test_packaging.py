@@ -207,6 +207,21 @@ def test_every_path_and_link_in_a_doc_exists_in_the_repository(doc: Path) -> Non
     assert not missing, f"{doc.relative_to(REPO)} names what the repository does not hold"
 
 
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_test_a_doc_names_exists(doc: Path) -> None:
+    """``file.py::test_name`` names a test function in that file under ``tests/``; a bare
+    ``::test_name`` continues the file named just before it."""
+    files = {path.name: path for path in (REPO / "tests").rglob("test_*.py")}
+    missing, last = [], ""
+    for cited in re.findall(r"`([\w./]*::\w+)`", doc.read_text(encoding="utf-8")):
+        name, _, test = cited.partition("::")
+        last = Path(name).name or last
+        path = files.get(last)
+        if path is None or not re.search(rf"^\s*(?:async )?def {test}\(", path.read_text(), re.M):
+            missing.append(cited)
+    assert not missing, f"{doc.relative_to(REPO)} names tests that do not exist: {missing}"
+
+
 def test_nothing_cites_a_file_outside_the_repository() -> None:
     tracked = subprocess.run(
         ["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard"],
@@ -440,21 +455,3 @@ def _child_pids(daemon: DaemonProcess, module: str) -> set[int]:
             if f"worker_agent.{module}" in child.cmdline():
                 found.add(child.pid)
     return found
-
-
-def test_every_test_a_doc_names_exists() -> None:
-    """``file.py::test_name`` (and ``::test_name`` after it) in the docs name real tests:
-    the fault matrix is only as good as the tests it points at."""
-    by_name: dict[str, list[Path]] = {}
-    for path in (REPO / "tests").rglob("test_*.py"):
-        by_name.setdefault(path.name, []).append(path)
-    missing = []
-    for doc in _docs():
-        current: Path | None = None
-        for file, test in re.findall(r"`?((?:[\w/]+/)?test_\w+\.py)?::(test_\w+)", doc.read_text()):
-            if file:
-                candidates = [REPO / file] if "/" in file else by_name.get(file, [])
-                current = next((p for p in candidates if p.exists()), None)
-            if current is None or f"def {test}(" not in current.read_text():
-                missing.append(f"{doc.relative_to(REPO)}: {file or '(previous file)'}::{test}")
-    assert not missing, "docs name tests that do not exist:\n" + "\n".join(missing)

@@ -96,7 +96,17 @@ SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
         ),
         {"namespace": "team-a", "name": "task-1", "task_uid": None, "seq": 17,
          "reported_at": 1700000000.5, "agents_total": 3, "agents_live": 2, "agents_idle": 1,
-         "all_idle_since": None, "agents_interrupted": 1},
+         "all_idle_since": None, "idle_for_secs": None, "agents_interrupted": 1},
+    ),
+    (
+        ActivityReport(
+            namespace="team-a", name="task-1", task_uid="uid-1", seq=18,
+            reported_at=1700000030.5, agents_total=2, agents_live=2, agents_idle=2,
+            all_idle_since=1700000000.25, idle_for_secs=29.75,
+        ),
+        {"namespace": "team-a", "name": "task-1", "task_uid": "uid-1", "seq": 18,
+         "reported_at": 1700000030.5, "agents_total": 2, "agents_live": 2, "agents_idle": 2,
+         "all_idle_since": 1700000000.25, "idle_for_secs": 29.75, "agents_interrupted": 0},
     ),
 ]  # fmt: skip
 
@@ -114,6 +124,30 @@ def test_each_payload_has_its_pinned_json_shape_and_reads_back_as_itself(
 def test_an_unknown_field_is_refused(model: BaseModel, wire: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match="surprise"):
         type(model).model_validate({**wire, "surprise": 1})
+
+
+OLD_DAEMONS_HEARTBEAT = {
+    "namespace": "team-a", "name": "task-1", "task_uid": None, "seq": 17,
+    "reported_at": 1700000030.5, "agents_total": 2, "agents_live": 2, "agents_idle": 2,
+    "all_idle_since": 1700000000.0,
+}  # fmt: skip
+
+
+def test_a_heartbeat_from_a_daemon_older_than_idle_for_secs_reads_as_not_measured() -> None:
+    report = ActivityReport.model_validate(OLD_DAEMONS_HEARTBEAT)
+
+    assert report.idle_for_secs is None
+    assert report.all_idle_since == 1700000000.0  # kept for display, never for the decision
+
+
+@pytest.mark.parametrize(
+    "idle_for", [-0.5, "30", float("inf"), float("nan")], ids=["negative", "string", "inf", "nan"]
+)
+def test_an_idle_duration_that_is_no_duration_is_refused(idle_for: object) -> None:
+    with pytest.raises(ValidationError) as raised:
+        ActivityReport.model_validate({**OLD_DAEMONS_HEARTBEAT, "idle_for_secs": idle_for})
+
+    assert [e["loc"] for e in raised.value.errors()] == [("idle_for_secs",)]
 
 
 @pytest.mark.parametrize("key", ["id", "session_dir", "turns", "session_sha256", "clean", "exit"])
@@ -179,6 +213,13 @@ def test_each_broker_setting_is_declared_once_and_shared() -> None:
     assert issubclass(Settings, BrokerSettings)
     assert shared.isdisjoint(Settings.__annotations__)  # declared in the contract only
     assert shared <= set(Settings.model_fields)
+
+
+def test_the_heartbeat_gap_is_the_interval_noticed_at_the_next_poll() -> None:
+    assert (
+        BrokerSettings(heartbeat_interval_secs=15, heartbeat_poll_secs=1).heartbeat_gap_secs == 16
+    )
+    assert Settings(heartbeat_interval_secs=2, heartbeat_poll_secs=0.2).heartbeat_gap_secs == 2.2
 
 
 def test_both_halves_build_their_celery_app_from_the_contract() -> None:

@@ -102,6 +102,17 @@ def all_at_once(count: int, call: Callable[[], T]) -> list[T]:
         return [future.result(timeout=30) for future in futures]
 
 
+def one_heartbeat(ledger: Ledger, **overrides: Any) -> Any:
+    """``record_activity`` of default/task-a: one idle agent, ``overrides`` changed."""
+    now = datetime.now(UTC)
+    heartbeat: dict[str, Any] = {
+        "task_uid": None, "all_idle_since": None, "agents_total": 1, "agents_live": 1,
+        "agents_idle": 1, "seq": 1, "reported_at": now, "idle_for_secs": None,
+        "received_at": now,
+    }  # fmt: skip
+    return ledger.record_activity("default", "task-a", **{**heartbeat, **overrides})
+
+
 def table_names(url: str) -> set[str]:
     engine = create_engine(url, poolclass=NullPool)
     try:
@@ -715,34 +726,72 @@ class LedgerBehaviour:
                 agents_idle=idle,
                 seq=seq,
                 reported_at=reported + timedelta(seconds=seq),
+                idle_for_secs=12.5 if idle == 2 else None,
+                received_at=reported + timedelta(seconds=seq, milliseconds=3),
             )
 
         assert ledger.get_activity("default", "task-a") is None
         first = heartbeat(seq=5, idle=2)
         assert (first.seq, first.agents_idle, first.all_idle_since) == (5, 2, idle_since)
+        assert first.idle_for_secs == 12.5
+        assert first.received_at == reported + timedelta(seconds=5, milliseconds=3)
 
         assert heartbeat(seq=3, idle=0) == first
         assert heartbeat(seq=5, idle=0) == first
         newer = heartbeat(seq=6, idle=0)
 
         assert (newer.seq, newer.agents_idle, newer.all_idle_since) == (6, 0, None)
+        assert newer.idle_for_secs is None
         assert ledger.get_activity("default", "task-a") == newer
         assert ledger.get_activity("default", "task-b") is None
 
     def test_inconsistent_activity_counts_are_refused(self, ledger: Ledger) -> None:
         with pytest.raises(ValueError, match="agents_idle <= agents_live <= agents_total"):
-            ledger.record_activity(
-                "default",
-                "task-a",
-                task_uid=None,
-                all_idle_since=None,
-                agents_total=1,
-                agents_live=2,
-                agents_idle=0,
-                seq=1,
-                reported_at=datetime.now(UTC),
-            )
+            one_heartbeat(ledger, agents_live=2, agents_idle=0)
         assert ledger.get_activity("default", "task-a") is None
+
+    @pytest.mark.parametrize("idle_for", [-1.0, float("inf"), float("nan")], ids=str)
+    def test_an_idle_duration_that_is_no_duration_is_refused(
+        self, ledger: Ledger, idle_for: float
+    ) -> None:
+        with pytest.raises(ValueError, match="idle_for_secs must be a finite number >= 0"):
+            one_heartbeat(ledger, idle_for_secs=idle_for)
+        assert ledger.get_activity("default", "task-a") is None
+
+    def test_downgrade_to_0001_drops_the_idle_timing_and_keeps_the_heartbeat(
+        self, database_url: str
+    ) -> None:
+        upgrade(database_url)
+        ledger = Ledger.from_url(database_url)
+        received = datetime(2030, 1, 1, 12, 0, 1, tzinfo=UTC)
+        try:
+            one_heartbeat(ledger, seq=7, idle_for_secs=30.0, received_at=received)
+        finally:
+            ledger.dispose()
+
+        downgrade(database_url, "0001")
+
+        assert current(database_url) == "0001"
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                columns = {c["name"] for c in inspect(connection).get_columns("daemon_activity")}
+                seq = connection.execute(text("SELECT seq FROM daemon_activity")).scalar_one()
+        finally:
+            engine.dispose()
+        assert {"idle_for_secs", "received_at"} & columns == set()
+        assert seq == 7
+
+        upgrade(database_url)
+
+        ledger = Ledger.from_url(database_url)
+        try:
+            kept = ledger.get_activity("default", "task-a")
+        finally:
+            ledger.dispose()
+        assert kept is not None and (kept.seq, kept.idle_for_secs, kept.received_at) == (
+            7, None, None,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ SQLite
@@ -800,6 +849,11 @@ def test_offline_mode_writes_the_upgrade_as_sql(url: str, dialect: str) -> None:
         assert f"CREATE TABLE {table}" in sql
     assert dialect in sql
     assert "INSERT INTO alembic_version (version_num) VALUES ('0001')" in sql
+    assert "ALTER TABLE daemon_activity ADD COLUMN idle_for_secs" in sql
+    assert (
+        "UPDATE alembic_version SET version_num='0002' WHERE alembic_version.version_num = '0001'"
+        in sql
+    )
 
 
 def test_only_sqlite_and_postgresql_urls_make_a_ledger() -> None:

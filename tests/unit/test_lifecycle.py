@@ -8,12 +8,13 @@ under test."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from orchestrator.ledger import OperationState
+from orchestrator.ledger import ActivityView, OperationState
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
     CRASH_LOOP_LIMIT,
@@ -24,6 +25,7 @@ from orchestrator.operator.lifecycle import (
     Availability,
     ConditionChange,
     DeleteAction,
+    IdleReport,
     LaunchStep,
     Phase,
     Purpose,
@@ -35,6 +37,8 @@ from orchestrator.operator.lifecycle import (
     availability,
     condition,
     decide_delete,
+    idle_report,
+    idle_secs,
     launch_step,
     merge_conditions,
     operation_key,
@@ -233,29 +237,112 @@ def test_a_task_whose_spec_never_parsed_is_released(phase: Phase | None) -> None
 
 # ------------------------------------------------------------------------ idle pause
 
+GAP = 16.0
+"""The heartbeat gap the operator bridges (the default interval 15 s plus a 1 s poll)."""
+
+
+def received(idle_for: float, secs_ago: float) -> IdleReport:
+    """A heartbeat saying ``idle_for`` seconds idle, stored ``secs_ago`` before NOW."""
+    return IdleReport(idle_for_secs=idle_for, received_at=NOW - timedelta(seconds=secs_ago))
+
 
 @pytest.mark.parametrize(
-    ("timeout", "phase", "idle_secs", "pause"),
+    ("timeout", "phase", "report", "pause"),
     [
-        ("30s", Phase.RUNNING, 30, True),
-        ("30s", Phase.RUNNING, 29.9, False),
-        ("30s", Phase.RUNNING, None, False),
-        (None, Phase.RUNNING, 10_000, False),
-        ("30s", Phase.PROVISIONING, 100, False),
-        ("30s", Phase.SUSPENDED, 100, False),
-        ("30s", Phase.DRAINING, 100, False),
-        ("30s", Phase.RESUMING, 100, False),
-        ("30s", None, 100, False),
-        ("0s", Phase.RUNNING, 0, True),
-        ("0s", Phase.RUNNING, -5, True),  # a heartbeat stamped ahead of this clock
-        ("30s", Phase.RUNNING, -5, False),
+        ("30s", Phase.RUNNING, received(30, 0), True),
+        ("30s", Phase.RUNNING, received(29.9, 0), False),
+        ("30s", Phase.RUNNING, received(20, 10), True),  # bridged since it arrived
+        ("30s", Phase.RUNNING, received(20, 9.9), False),
+        ("30s", Phase.RUNNING, None, False),  # not idle, or a daemon too old to say
+        (None, Phase.RUNNING, received(10_000, 0), False),
+        ("30s", Phase.PROVISIONING, received(100, 0), False),
+        ("30s", Phase.SUSPENDED, received(100, 0), False),
+        ("30s", Phase.DRAINING, received(100, 0), False),
+        ("30s", Phase.RESUMING, received(100, 0), False),
+        ("30s", None, received(100, 0), False),
+        ("0s", Phase.RUNNING, received(0, 0), True),
+        ("0s", Phase.RUNNING, received(0, -5), True),  # stored "ahead" of this clock
+        ("30s", Phase.RUNNING, received(25, -5), False),  # ... bridges nothing
+        ("1m", Phase.RUNNING, received(44, 20), True),  # a whole gap bridged: 44 + 16
+        ("1m", Phase.RUNNING, received(43, 600), False),  # ... and never more: 43 + 16
     ],
 )
-def test_idle_pause(timeout: str | None, phase: str | None, idle_secs: float | None,
+def test_idle_pause(timeout: str | None, phase: str | None, report: IdleReport | None,
                     pause: bool) -> None:  # fmt: skip
     task = spec(idleTimeout=timeout) if timeout else spec()
-    since = None if idle_secs is None else NOW - timedelta(seconds=idle_secs)
-    assert should_idle_pause(task, phase, since, NOW) is pause
+    assert should_idle_pause(task, phase, report, NOW, GAP) is pause
+
+
+@pytest.mark.parametrize(
+    ("idle_for", "secs_ago", "idle"),
+    [
+        (60.0, 0.0, 60.0),
+        (60.0, 5.0, 65.0),
+        (60.0, 16.0, 76.0),
+        (60.0, 3600.0, 76.0),  # this clock jumped an hour forward: at most one gap more
+        (60.0, -3600.0, 60.0),  # an hour back: never less than the daemon measured
+    ],
+)
+def test_idle_secs_is_the_daemons_measure_plus_a_bounded_bridge(
+    idle_for: float, secs_ago: float, idle: float
+) -> None:
+    assert idle_secs(received(idle_for, secs_ago), NOW, GAP) == idle
+
+
+def test_a_forward_clock_jump_between_heartbeats_does_not_pause_a_task_idle_for_a_minute() -> None:
+    task = spec(idleTimeout="10m")
+    one_minute_idle = received(60, secs_ago=0)
+    an_hour_later_by_the_clock = NOW + timedelta(hours=1)
+
+    assert not should_idle_pause(
+        task, Phase.RUNNING, one_minute_idle, an_hour_later_by_the_clock, GAP
+    )
+
+
+def test_a_backward_clock_jump_does_not_stop_a_pause_that_is_due() -> None:
+    task = spec(idleTimeout="10m")
+    ten_minutes_idle = received(600, secs_ago=0)
+    an_hour_earlier_by_the_clock = NOW - timedelta(hours=1)
+
+    assert should_idle_pause(
+        task, Phase.RUNNING, ten_minutes_idle, an_hour_earlier_by_the_clock, GAP
+    )
+
+
+def activity(daemon_clock: datetime, idle_for: float | None) -> ActivityView:
+    """A stored heartbeat whose daemon-side stamps read ``daemon_clock``, received 5 s
+    before NOW by the orchestrator."""
+    return ActivityView(
+        namespace="default", name="task-a", task_uid="uid-a",
+        all_idle_since=None if idle_for is None else daemon_clock - timedelta(seconds=idle_for),
+        agents_total=2, agents_live=2, agents_idle=2 if idle_for is not None else 0,
+        reported_at=daemon_clock, seq=1, idle_for_secs=idle_for,
+        received_at=NOW - timedelta(seconds=5),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "skew", [timedelta(days=-1), timedelta(0), timedelta(days=1)], ids=["-1d", "none", "+1d"]
+)
+@pytest.mark.parametrize(("idle_for", "pause"), [(590.0, False), (595.0, True), (None, False)])
+def test_skew_between_the_daemons_clock_and_the_operators_is_irrelevant(
+    skew: timedelta, idle_for: float | None, pause: bool
+) -> None:
+    stored = activity(NOW + skew, idle_for)
+
+    report = idle_report(stored)
+
+    assert should_idle_pause(spec(idleTimeout="10m"), Phase.RUNNING, report, NOW, GAP) is pause
+
+
+def test_a_heartbeat_without_an_idle_duration_or_receive_stamp_makes_no_idle_decision() -> None:
+    from_an_old_daemon = activity(NOW - timedelta(hours=2), idle_for=None)
+    from_an_old_daemon = replace(from_an_old_daemon, all_idle_since=NOW - timedelta(hours=2))
+    stored_before_0002 = replace(activity(NOW, idle_for=7200), received_at=None)
+
+    assert idle_report(from_an_old_daemon) is None
+    assert idle_report(stored_before_0002) is None
+    assert idle_report(None) is None
 
 
 # ------------------------------------------------------------------ pause and wake

@@ -8,6 +8,7 @@ real SQLite ledger, configured the way ``drainctl worker`` is: ``DRAIN_DATABASE_
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
+from orchestrator.operator.lifecycle import Phase, idle_report, parse_spec, should_idle_pause
 from orchestrator.pipeline import tasks
 from orchestrator.settings import get_settings
+from tests.unit.test_pipeline_parts import CONFIG, FakeClock
+from worker_agent.consumer import Heartbeat
 from worker_agent.contract import DrainResult
-from worker_agent.proto import ResumeRef
+from worker_agent.proto import AgentRecord, AgentStatus, ResumeRef, SpawnSpec
 
 SHA = "cd" * 32
 REF = {"id": "agent-a", "session_dir": "agents/agent-a", "turns": 2, "session_sha256": SHA,
@@ -147,6 +151,33 @@ def test_a_malformed_heartbeat_is_dropped_and_a_good_one_kept(ledger: Ledger) ->
     tasks.activity(**beat)
     kept = ledger.get_activity("team-a", "task-1")
     assert kept is not None and (kept.seq, kept.agents_idle) == (5, 2)
+
+
+@pytest.mark.parametrize("skew", [-86400.0, 0.0, 86400.0], ids=["-1d", "none", "+1d"])
+def test_a_heartbeat_is_timed_by_its_idle_duration_and_arrival_whatever_the_daemons_clock(
+    ledger: Ledger, skew: float
+) -> None:
+    now = time.time()
+    wall, monotonic = FakeClock(now + skew), FakeClock(1000.0)
+    sender = Heartbeat(CONFIG, wall=wall, monotonic=monotonic)
+    idle = [AgentRecord(id="a", status=AgentStatus.IDLE, spec=SpawnSpec(), session_dir="/s/a",
+                        created_at=0.0, updated_at=wall.now, idle_since=wall.now)]  # fmt: skip
+    assert sender.report(idle) is not None  # the period begins
+    monotonic.now += 595
+    due = sender.report(idle)
+    assert due is not None
+
+    tasks.activity(**due[1].model_dump(mode="json"))
+
+    stored = ledger.get_activity("team-a", "task-1")
+    assert stored is not None and stored.idle_for_secs == 595.0
+    assert stored.received_at is not None
+    assert abs((stored.received_at - datetime.now(UTC)).total_seconds()) < 60
+    ten_minutes = parse_spec({"lifecycle": {"idleTimeout": "10m"}})
+    report = idle_report(stored)
+    at_arrival, gap_later = stored.received_at, stored.received_at + timedelta(seconds=16)
+    assert not should_idle_pause(ten_minutes, Phase.RUNNING, report, at_arrival, 16.0)
+    assert should_idle_pause(ten_minutes, Phase.RUNNING, report, gap_later, 16.0)
 
 
 def test_a_drained_operation_past_its_deadline_says_the_record_was_late(ledger: Ledger) -> None:

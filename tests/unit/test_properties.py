@@ -1,17 +1,25 @@
 """Property-based tests of the parsers that take input from outside: the control
 protocol, the session loader, the CalibanTask spec and its durations. The property is
 the same for each: whatever comes in, the answer is a value or the parser's own clear
-error, never another exception (which would crash the daemon or the operator)."""
+error, never another exception (which would crash the daemon or the operator). And one
+of the idle timing: no clock step moves the estimate by more than the bridge."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.operator.lifecycle import SpecError, parse_duration, parse_spec
+from orchestrator.operator.lifecycle import (
+    IdleReport,
+    SpecError,
+    idle_secs,
+    parse_duration,
+    parse_spec,
+)
 from worker_agent import proto
 from worker_agent.proto import ProtocolError
 from worker_agent.session import SessionError, decode_session
@@ -145,3 +153,25 @@ def test_any_calibantask_spec_is_a_task_spec_or_a_spec_error(spec: dict[str, Any
         return
     assert 1 <= parsed.agents <= 64
     assert parsed.drain_grace_secs >= 0 and parsed.drain_timeout_secs >= 0
+
+
+# ------------------------------------------------------------------ idle timing, any clock
+
+EPOCH = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+seconds = st.floats(min_value=0, max_value=10 * 86400, allow_nan=False)
+steps = st.floats(min_value=-365 * 86400, max_value=365 * 86400, allow_nan=False)
+
+
+@PROPERTY
+@given(idle_for=seconds, bridge=st.floats(min_value=0, max_value=3600), jump=steps, before=steps)
+def test_a_clock_step_of_any_size_moves_the_idle_estimate_by_at_most_one_bridge(
+    idle_for: float, bridge: float, jump: float, before: float
+) -> None:
+    report = IdleReport(idle_for_secs=idle_for, received_at=EPOCH)
+    now = EPOCH + timedelta(seconds=before)
+
+    estimate = idle_secs(report, now, bridge)
+    stepped = idle_secs(report, now + timedelta(seconds=jump), bridge)
+
+    assert idle_for <= estimate <= idle_for + bridge
+    assert abs(stepped - estimate) <= bridge + 1e-6  # float rounding of the sums

@@ -1,14 +1,15 @@
-"""Heartbeats count the agents stopped with work left, and say when they arrived.
+"""Heartbeats count the agents stopped with work left, so the operator resumes them.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-02
 
 ``daemon_activity.agents_interrupted``: agents a daemon reports drained, crashed or
 failed (not finished, not killed by a user). A row written before this revision reads 0,
 which is what a daemon that does not send the count means.
-``daemon_activity.received_at``: when the ledger stored the heartbeat, on the
-orchestrator's clock; a row from before reads NULL (the operator then uses reported_at).
+
+Hand-written and frozen like 0001; batch mode, so SQLite drops the column on downgrade
+by copying the table.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0002"
-down_revision: str | None = "0001"
+revision: str = "0003"
+down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -29,10 +30,8 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("agents_interrupted", sa.Integer(), nullable=False, server_default="0")
         )
-        batch.add_column(sa.Column("received_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("daemon_activity") as batch:
-        batch.drop_column("received_at")
         batch.drop_column("agents_interrupted")
