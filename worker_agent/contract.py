@@ -99,8 +99,9 @@ class BrokerSettings(BaseSettings):
     """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL, or
     to a results folder beside the embedded broker's."""
     broker_folder: str | None = None
-    """With ``DRAIN_BROKER_URL=filesystem://`` (the embedded broker of ``drainctl dev
-    up``): the folder the processes exchange messages through."""
+    """With ``DRAIN_BROKER_URL=filesystem://`` (kombu's filesystem transport; no
+    acknowledgements, so a killed consumer's message is lost — ``drainctl dev up``'s
+    embedded broker speaks Redis instead): the folder messages are exchanged through."""
     visibility_timeout_secs: float = Field(default=60.0, gt=0)
     """Redis redelivers a message whose consumer died, unacknowledged, after this. It is
     short so that a drain redelivered after a killed consumer arrives before it expires

@@ -48,14 +48,18 @@ def dev_up(
 ) -> None:
     """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker."""
     configure_logging(log_level)
+    from orchestrator.devcluster.apiserver import DevClusterError
     from orchestrator.devcluster.up import run_dev_up
 
-    asyncio.run(
-        run_dev_up(
-            kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
-            sandbox_storage=sandbox_storage,
-        )
-    )  # fmt: skip
+    try:
+        asyncio.run(
+            run_dev_up(
+                kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
+                sandbox_storage=sandbox_storage,
+            )
+        )  # fmt: skip
+    except DevClusterError as exc:
+        raise OperationFailed(str(exc)) from None
 
 
 @dev.command("cluster")

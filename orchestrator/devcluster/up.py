@@ -2,10 +2,12 @@
 
 It brings up, in order: the ledger (SQLite in the state dir unless ``DRAIN_DATABASE_URL``
 says otherwise, migrated to head), the broker (``DRAIN_BROKER_URL``, or the embedded
-filesystem broker in the state dir), the embedded Kubernetes API with the CRDs shipped as
+Redis-protocol broker), the embedded Kubernetes API with the CRDs shipped as
 package data (:func:`packaged_crds`) and a kubeconfig for it, the orchestrator worker and
 the operator (child processes, restarted if they die), and the stand-in Sandbox
-controller (in process).
+controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
+(``orchestrator.devcluster.broker``: fakeredis's Redis-protocol server, a child
+process on a free port).
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
 everything, daemons drained on the way out.
 """
@@ -25,7 +27,8 @@ from typing import Any, Final
 import yaml
 from kubernetes import config as kube_config
 
-from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
+from orchestrator.devcluster import broker
+from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
@@ -54,13 +57,18 @@ def packaged_crds() -> list[dict[str, Any]]:
     return load_crds(documents)
 
 
-def stack_environment(state_dir: Path, kubeconfig: Path) -> dict[str, str]:
-    """The environment every process of the dev stack shares."""
+def stack_environment(
+    state_dir: Path, kubeconfig: Path, embedded_broker_port: int | None = None
+) -> dict[str, str]:
+    """The environment every process of the dev stack shares; with no
+    ``DRAIN_BROKER_URL``, the embedded broker on ``embedded_broker_port``."""
     env = dict(os.environ)
     env.setdefault("DRAIN_DATABASE_URL", f"sqlite:///{state_dir / 'ledger.db'}")
     if "DRAIN_BROKER_URL" not in env:
-        env["DRAIN_BROKER_URL"] = "filesystem://"
-        env["DRAIN_BROKER_FOLDER"] = str(state_dir / "broker")
+        if embedded_broker_port is None:
+            raise ValueError("no DRAIN_BROKER_URL and no embedded broker port")
+        env["DRAIN_BROKER_URL"] = f"redis://{broker.HOST}:{embedded_broker_port}/0"
+        env.setdefault("DRAIN_RESULT_BACKEND", env["DRAIN_BROKER_URL"])
     env["KUBECONFIG"] = str(kubeconfig)
     env.setdefault("DRAIN_RECONCILE_INTERVAL_SECS", "1")
     env.setdefault("DRAIN_HEARTBEAT_INTERVAL_SECS", "5")
@@ -97,7 +105,22 @@ async def run_dev_up(
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
-    env = stack_environment(state_dir, kubeconfig)
+    embedded_port = None if "DRAIN_BROKER_URL" in os.environ else broker.free_port()
+    env = stack_environment(state_dir, kubeconfig, embedded_port)
+    embedded: KeptProcess | None = None
+    if embedded_port is not None:
+        embedded = KeptProcess(
+            "embedded broker",
+            [sys.executable, "-m", "orchestrator.devcluster.broker", "--port", str(embedded_port)],
+            env, logs / "broker.log",
+        )  # fmt: skip
+        embedded.start()
+        try:
+            await asyncio.to_thread(broker.wait_serving, embedded_port)
+        except DevClusterError:
+            embedded.request_stop()
+            await embedded.wait_stopped(within=10)
+            raise
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
     async with EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage)) as api:
@@ -135,3 +158,6 @@ async def run_dev_up(
                 await controller_task
             worker.request_stop()
             await worker.wait_stopped(within=30)
+            if embedded is not None:
+                embedded.request_stop()
+                await embedded.wait_stopped(within=10)

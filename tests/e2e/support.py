@@ -25,15 +25,18 @@ SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 class DevStack(DevStackProcess):
     """``drainctl dev up`` from the testing kit, started at once, with kubectl helpers."""
 
-    def __init__(self, root: Path, broker: str, database: str, *extra: str) -> None:
+    def __init__(self, root: Path, broker: str | None, database: str, *extra: str) -> None:
+        """``broker`` None: the stack's embedded broker."""
         if shutil.which("kubectl") is None:
             pytest.skip("kubectl is not installed")
+        brokers = {} if broker is None else {
+            "DRAIN_BROKER_URL": broker, "DRAIN_RESULT_BACKEND": broker,
+        }  # fmt: skip
         super().__init__(
             root,
             *extra,
             env={
-                "DRAIN_BROKER_URL": broker,
-                "DRAIN_RESULT_BACKEND": broker,
+                **brokers,
                 "DRAIN_DATABASE_URL": database,
                 "DRAIN_RECONCILE_INTERVAL_SECS": "0.5",
                 "DRAIN_HEARTBEAT_INTERVAL_SECS": "2",

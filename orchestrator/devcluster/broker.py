@@ -1,0 +1,66 @@
+"""The dev stack's embedded broker: fakeredis's TCP server, so ``drainctl dev up`` speaks
+the same ``redis://`` transport as production without a Redis installed.
+
+kombu's filesystem transport, the earlier embedded default, has no acknowledgements: a
+consumer killed after it took a message loses it (a pause drain then waits out its
+deadline), and a reader racing a writer can find an empty message file. Over the Redis
+protocol kombu keeps every delivered message in its unacked set until it is acked and
+restores it after the visibility timeout, exactly as on a real Redis, so the fault
+tests' redelivery guarantees hold on the embedded default too.
+
+It runs as a child process of ``dev up`` (``python -m orchestrator.devcluster.broker
+--port P``) so the stack's Celery traffic does not compete with the embedded API for
+one interpreter. Queues live in its memory: a restarted stack starts with empty queues,
+and what was in flight is redelivered by nobody — the ledger's deadline sweeper closes
+such operations with their reason, and the operator begins them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+
+from orchestrator.devcluster.apiserver import DevClusterError
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_serving(port: int, within: float = 30.0) -> None:
+    """Return once the broker answers PING on ``port``; DevClusterError after ``within``."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection((HOST, port), timeout=1) as conn:
+                conn.sendall(b"*1\r\n$4\r\nPING\r\n")  # RESP: the server reads no inline commands
+                if conn.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"the embedded broker on {HOST}:{port} did not answer PING")
+        time.sleep(0.05)
+
+
+def serve(port: int) -> None:
+    from fakeredis import TcpFakeServer
+
+    server = TcpFakeServer((HOST, port), server_type="redis")
+    server.daemon_threads = True  # a connection's thread never holds the exit
+    server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the dev stack's embedded Redis-protocol broker")
+    parser.add_argument("--port", type=int, required=True)
+    serve(parser.parse_args().port)
+
+
+if __name__ == "__main__":
+    main()
