@@ -6,6 +6,10 @@ filesystem broker in the state dir), the embedded Kubernetes API with the CRDs s
 package data (:func:`packaged_crds`) and a kubeconfig for it, the orchestrator worker and
 the operator (child processes, restarted if they die), and the stand-in Sandbox
 controller (in process).
+The API's objects are saved in ``<state-dir>/api-state.json`` (``persistence``) and
+restored by the next ``dev up`` on the same state dir, as a real cluster's etcd outlives
+its API server; ``--fresh`` starts with an empty API instead. A state file that cannot be
+restored stops the command with one line saying so, never an empty cluster in its place.
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
 everything, daemons drained on the way out.
 """
@@ -25,8 +29,9 @@ from typing import Any, Final
 import yaml
 from kubernetes import config as kube_config
 
-from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
+from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
+from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.operator.crd import SANDBOX_CRD
@@ -90,17 +95,36 @@ def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
 
 
 async def run_dev_up(
-    *, kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str = "v1alpha1"
+    *,
+    kubeconfig: Path,
+    state_dir: Path,
+    port: int,
+    sandbox_storage: str = "v1alpha1",
+    fresh: bool = False,
 ) -> None:
-    """Run the stack until SIGTERM/SIGINT; both paths must be absolute."""
+    """Run the stack until SIGTERM/SIGINT; both paths must be absolute. Raises
+    :class:`DevClusterError` for what the user can fix (a state file that cannot be
+    restored, a port in use)."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    api_state = state_dir / API_STATE_FILE
+    if fresh:
+        api_state.unlink(missing_ok=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     env = stack_environment(state_dir, kubeconfig)
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
-    async with EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage)) as api:
+    api = EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage), state_file=api_state)
+    try:
+        await api.start()
+    except StateFileError as exc:
+        raise DevClusterError(
+            f"cannot restore the embedded Kubernetes API from {exc}; to start with an empty "
+            f"API, remove {exc.path} or run drainctl dev up --fresh (the ledger, broker and "
+            "volumes in the state dir are kept)"
+        ) from None
+    try:
         write_kubeconfig(kubeconfig, api.url)
         kube_config.load_kube_config(config_file=str(kubeconfig))
         cli = [sys.executable, "-m", "orchestrator.cli"]
@@ -135,3 +159,5 @@ async def run_dev_up(
                 await controller_task
             worker.request_stop()
             await worker.wait_stopped(within=30)
+    finally:
+        await api.stop()
