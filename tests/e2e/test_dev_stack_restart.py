@@ -121,9 +121,9 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
         gone_secs = time.monotonic() - killed_at
         assert processes_of(root) == set()
         after_kill = sessions(first, pvc)
-        for agent, turns in before_kill.items():  # every turn saved before the kill is kept
-            assert after_kill[agent][0] >= turns
-            assert count_completed_turns(first.volume("default", pvc) / agent) >= turns
+        for directory in first.agent_dirs("default", pvc):  # every turn saved is kept
+            assert after_kill[directory.name][0] >= before_kill[directory.name]
+            assert count_completed_turns(directory) == after_kill[directory.name][0]
         assert sessions(first, pvc) == after_kill  # nothing is left to write them
 
         second = DevStack(root, broker, database)
