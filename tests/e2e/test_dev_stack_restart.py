@@ -26,9 +26,12 @@ from worker_agent.session import count_completed_turns, load_session
 pytestmark = pytest.mark.slow
 
 GONE_WITHIN_SECS = 10.0
-# Agents that ignore SIGTERM: before the pods ran under a reaper, a SIGKILLed stack left
-# them running for ever, since their daemon's death only sends them SIGTERM.
+# Agents that ignore SIGTERM, under a daemon with a grace longer than that bound: before
+# the pods ran under a reaper, a SIGKILLed stack sent its daemons SIGTERM only, and each
+# drained (its agents running on) for the whole grace, while a restarted stack could
+# already be starting a new daemon on the same volume.
 STUBBORN_MODEL = "turns=100000,turn_ms=100,sigterm=ignore"
+DRAIN_GRACE = "30s"
 
 
 @pytest.fixture
@@ -86,7 +89,9 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
     first = DevStack(root, broker, database)
     second: DevStack | None = None
     try:
-        manifest = task_manifest("survivor", agents=2, model=STUBBORN_MODEL, drainGracePeriod="4s")
+        manifest = task_manifest(
+            "survivor", agents=2, model=STUBBORN_MODEL, drainGracePeriod=DRAIN_GRACE
+        )
         assert first.apply(manifest).returncode == 0
         first.wait_phase("default", "survivor", "Running")
         pvc = str(wait_until(lambda: first.status("default", "survivor").get("pvcName"), 60, "pvc"))
