@@ -28,8 +28,9 @@ from orchestrator.pipeline.app import make_app
 from orchestrator.pipeline.start import start_drain, start_resume, wait_for_operation
 from orchestrator.settings import Settings
 from orchestrator.testing import WorkerProcess, flushed_redis, fresh_ledger
+from worker_agent.children import descendants
 from worker_agent.proto import AgentStatus
-from worker_agent.testing import DaemonProcess, descendants, stop_all, wait_until
+from worker_agent.testing import DaemonProcess, stop_all, wait_until
 
 CHAIN_AGENTS, CHAIN_MODEL = 10, "turns=100000,turn_ms=50"
 FANOUT_MODEL = "turns=100000,turn_ms=1000"

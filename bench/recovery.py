@@ -34,8 +34,9 @@ from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
 from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
 from worker_agent import layout
+from worker_agent.children import descendants
 from worker_agent.session import load_session
-from worker_agent.testing import DaemonProcess, descendants, wait_until
+from worker_agent.testing import DaemonProcess, wait_until
 
 AGENTS, MODEL = 10, "turns=100000,turn_ms=50"
 REDIS_DB = 14

@@ -6,7 +6,8 @@
 (blocking client) · ``worker`` and ``providers`` (the reference agent worker) ·
 ``consumer``, ``consumer_process`` and ``journal`` (the daemon-side Celery consumer,
 kept as a child of ``drainctl daemon``, and what each operation already did) ·
-``children`` (restarted child processes) · ``settings`` (the daemon's ``DRAIN_…``
+``children`` (restarted child processes) · ``reaper`` (a command whose whole process
+tree goes with it: how the dev stack runs a Sandbox pod) · ``settings`` (the daemon's ``DRAIN_…``
 settings).
 
 Must never import ``orchestrator``: the orchestrator imports this package (the

@@ -46,6 +46,36 @@ def dying_with_this_process(sig: signal.Signals = signal.SIGTERM) -> Callable[[]
     return lambda: die_with_parent(sig, parent)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from ``/proc`` (children before theirs)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after it.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = parents.get(frontier.pop(0), [])
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def is_zombie(pid: int) -> bool:
+    """True for a zombie (dead, not yet reaped) or a process that is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 class KeptProcess:
     def __init__(
         self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path | None = None

@@ -34,6 +34,7 @@ from pathlib import Path
 from signal import Signals
 from typing import Self, TypeVar
 
+from worker_agent.children import descendants, is_zombie
 from worker_agent.client import SupervisorClient
 from worker_agent.proto import AgentRecord, AgentStatus
 
@@ -83,28 +84,6 @@ def child_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     daemon options), unbuffered output, then ``overrides``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAIN_DAEMON_")}
     return {**env, "PYTHONUNBUFFERED": "1", **(overrides or {})}
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, read from ``/proc`` (children before theirs)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after it.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        children = parents.get(frontier.pop(0), [])
-        found.extend(children)
-        frontier.extend(children)
-    return found
 
 
 def _start_time(pid: int) -> str | None:
@@ -214,7 +193,7 @@ class Subprocess:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: pgid == pid
             self.proc.wait()
         for pid, stamp in self._seen.items():
-            if _start_time(pid) == stamp and not _is_zombie(pid):
+            if _start_time(pid) == stamp and not is_zombie(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed += 1
@@ -227,13 +206,6 @@ class Subprocess:
         """SIGTERM, then SIGKILL after ``grace``; answer how many had to be killed."""
         self.send_stop()
         return self.reap(grace)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 _LIVE: list[Subprocess] = []

@@ -42,20 +42,33 @@ def dev() -> None:
     show_default=True,
     help="The Sandbox version the embedded cluster stores (as a real cluster has one).",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start with an empty Kubernetes API: discard the objects saved in the state dir "
+    "(the ledger and the volumes stay).",
+)
 @log_level_option
 def dev_up(
-    kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str, log_level: str
+    kubeconfig: Path,
+    state_dir: Path,
+    port: int,
+    sandbox_storage: str,
+    fresh: bool,
+    log_level: str,
 ) -> None:
-    """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker."""
+    """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker.
+
+    The API's objects survive a restart on the same --state-dir (--fresh discards them)."""
     configure_logging(log_level)
-    from orchestrator.devcluster.apiserver import DevClusterError
+    from orchestrator.devcluster import DevClusterError
     from orchestrator.devcluster.up import run_dev_up
 
     try:
         asyncio.run(
             run_dev_up(
                 kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
-                sandbox_storage=sandbox_storage,
+                sandbox_storage=sandbox_storage, fresh=fresh,
             )
         )  # fmt: skip
     except DevClusterError as exc:

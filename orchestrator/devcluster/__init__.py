@@ -4,7 +4,8 @@
   (:func:`run_dev_cluster`): an in-process Kubernetes API that kubectl and kopf accept.
 - ``emulator``: kmock's Kubernetes emulator extended with what they rely on (parsing,
   Tables, watches); ``store``: the API server's rules (metadata, finalizers, garbage
-  collection, status subresource, watch log); ``resources``: what is served;
+  collection, status subresource, watch log); ``persistence``: those objects in a file
+that outlives the process (``drainctl dev up``'s state dir); ``resources``: what is served;
   ``discovery``, ``schema``, ``patching``, ``selectors``, ``tables``, ``protobuf``: the
   pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
 - ``sandbox_controller``: a local stand-in for the agent-sandbox controller; ``up``:

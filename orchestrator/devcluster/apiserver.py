@@ -3,9 +3,13 @@
 :class:`EmbeddedApiServer` puts a :class:`~orchestrator.devcluster.emulator.DevClusterEmulator`
 on a loopback TCP port with aiohttp's low-level server, seeds the ``default`` and
 ``kube-system`` namespaces and any CRDs it is given, and stops cleanly (open watches end
-first). kmock's own ``kmock.Server`` is not used: it is built for tests, with a client
-session and a process-wide patch of aiohttp's DNS resolution, which a long-running
-server that shares its process with kopf must not have. :func:`run_dev_cluster` is the
+first). Given a ``state_file``, it restores the objects saved there before it seeds (a
+seeded namespace that exists stays; a given CRD replaces the stored one, so an upgrade
+takes effect) and keeps the file saved (``persistence``).
+
+kmock's own ``kmock.Server`` is not used: it is built for tests, with a client session
+and a process-wide patch of aiohttp's DNS resolution, which a long-running server that
+shares its process with kopf must not have. :func:`run_dev_cluster` is the
 foreground command: serve, write the kubeconfig, wait for SIGTERM or SIGINT.
 
 There is no authentication: it listens on 127.0.0.1 unless a caller asks otherwise.
@@ -15,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -27,9 +33,10 @@ import aiohttp.web
 import kmock
 import yaml
 
-from orchestrator.devcluster import resources
+from orchestrator.devcluster import persistence, resources
 from orchestrator.devcluster.emulator import DevClusterEmulator
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
+from orchestrator.devcluster.store import ClusterState
 
 __all__ = [
     "DevClusterError",
@@ -78,13 +85,20 @@ class EmbeddedApiServer:
     """An in-process Kubernetes API on ``host:port`` (0: any free port); see the module."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, crds: Iterable[CrdSource] = ()
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        crds: Iterable[CrdSource] = (),
+        *,
+        state_file: Path | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.emulator = DevClusterEmulator()
+        self.state_file = state_file
         self._crds = load_crds(crds)
         self._runner: aiohttp.web.ServerRunner | None = None
+        self._saver: persistence.StateSaver | None = None
         self._url: str | None = None
 
     @property
@@ -103,6 +117,8 @@ class EmbeddedApiServer:
             raise RuntimeError("the embedded API server is already started")
         await self.emulator.__aenter__()
         try:
+            if self.state_file is not None and self.state_file.exists():
+                self._restore(self.state_file)
             self._seed()
             sock = self._listen()
             server = aiohttp.web.Server(self.emulator, handler_cancellation=True)
@@ -113,6 +129,9 @@ class EmbeddedApiServer:
             await self.emulator.__aexit__(None, None, None)
             raise
         self._runner = runner
+        if self.state_file is not None:
+            self._saver = persistence.StateSaver(self.emulator.state, self.state_file)
+            self._saver.start()
         host, port = sock.getsockname()[:2]
         self._url = f"http://{host}:{port}"
         log.info("embedded api listening url=%s", self._url)
@@ -123,6 +142,9 @@ class EmbeddedApiServer:
         self.emulator.state.close()  # ends open watches, so the shutdown does not wait on them
         runner, self._runner = self._runner, None
         await runner.cleanup()
+        if self._saver is not None:
+            await self._saver.close()  # after the last request, so the file has it
+            self._saver = None
         await self.emulator.__aexit__(None, None, None)
         log.info("embedded api stopped url=%s", self._url)
 
@@ -138,18 +160,40 @@ class EmbeddedApiServer:
     ) -> None:
         await self.stop()
 
+    def _restore(self, path: Path) -> None:
+        started = time.monotonic()
+        snapshot = persistence.restore(self.emulator.state, path)
+        log.info(
+            "embedded api restored path=%s objects=%d resource_version=%s secs=%.3f",
+            path, len(snapshot.objects), self.emulator.state.resource_version,
+            time.monotonic() - started,
+        )  # fmt: skip
+
     def _seed(self) -> None:
+        """The seeded namespaces where missing, and the given CRDs created or, when a
+        restored one has the name, put in its place (its finalizers kept)."""
         state = self.emulator.state
         namespaces = state.registry.lookup(*resources.NAMESPACES)
         crds = state.registry.lookup(*resources.CRDS)
         assert namespaces is not None and crds is not None  # built-ins
         for name in SEEDED_NAMESPACES:
-            state.create(namespaces, None, {"metadata": {"name": name}})
+            if not _exists(state, namespaces, name):
+                state.create(namespaces, None, {"metadata": {"name": name}})
         for crd in self._crds:
+            name = str(crd.get("metadata", {}).get("name"))
             try:
-                state.create(crds, None, crd)
+                if not _exists(state, crds, name):
+                    state.create(crds, None, crd)
+                    continue
+                stored = state.get(crds, None, name)
+                if stored["metadata"].get("deletionTimestamp"):
+                    log.warning("crd not replaced name=%s reason=being-deleted", name)
+                    continue
+                replacement = copy.deepcopy(crd)
+                meta = replacement.setdefault("metadata", {})
+                meta["finalizers"] = stored["metadata"].get("finalizers") or []
+                state.replace(crds, None, name, replacement)
             except kmock.KubernetesError as exc:
-                name = crd.get("metadata", {}).get("name")
                 raise DevClusterError(f"CRD {name} cannot be served: {exc.message}") from exc
 
     def _listen(self) -> socket.socket:
@@ -166,6 +210,14 @@ class EmbeddedApiServer:
                 "pick another --port (0 picks a free one)"
             ) from exc
         return sock
+
+
+def _exists(state: ClusterState, resource: resources.ServedResource, name: str) -> bool:
+    try:
+        state.get(resource, None, name)
+    except kmock.KubernetesError:
+        return False
+    return True
 
 
 async def serve_dev_cluster(

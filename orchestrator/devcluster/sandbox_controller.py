@@ -10,8 +10,13 @@ one real process per running Sandbox:
   interpreter's ``orchestrator.cli``, and every volume mount path in the arguments is
   replaced by a local directory: a PVC's directory under ``<state>/volumes`` (it outlives
   the process, like a volume) or a per-Sandbox directory for an ``emptyDir``;
-- a Sandbox suspended or deleted gets SIGTERM (the container's graceful stop), then
-  SIGKILL after its ``terminationGracePeriodSeconds``;
+- each such process runs under ``worker_agent.reaper``, which plays the container's
+  init: the pod's whole process tree (the daemon, its consumer, its agents, in sessions
+  of their own) goes when the container's process exits, and at once when this
+  controller's process dies however it dies (``PR_SET_PDEATHSIG``), like the pods of a
+  lost node, so a SIGKILLed ``drainctl dev up`` leaves no agent writing a workspace;
+- a Sandbox suspended or deleted gets SIGTERM (the container's graceful stop), then the
+  whole tree is killed after its ``terminationGracePeriodSeconds``;
 - a PVC directory is removed only when the PVC object is gone.
 
 It polls (every ``interval``) instead of watching: a level-triggered loop that converges
@@ -35,9 +40,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
+from worker_agent import reaper
 from worker_agent.children import dying_with_this_process
 
 log = logging.getLogger(__name__)
+
+KILL_TREE_SECS = 10.0
+"""How long a pod's reaper has to kill its tree before it is SIGKILLed itself."""
 
 
 @dataclass
@@ -170,8 +179,9 @@ class SandboxController:
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
             process = await asyncio.create_subprocess_exec(
-                *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=dying_with_this_process(),
+                sys.executable, "-m", "worker_agent.reaper", "--", *argv,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=dying_with_this_process(reaper.KILL_TREE),
             )  # fmt: skip
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
         self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims)
@@ -196,8 +206,13 @@ class SandboxController:
                 await asyncio.wait_for(pod.process.wait(), pod.grace_secs)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
-                    pod.process.kill()
-                await pod.process.wait()
+                    pod.process.send_signal(reaper.KILL_TREE)
+                try:
+                    await asyncio.wait_for(pod.process.wait(), KILL_TREE_SECS)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        pod.process.kill()
+                    await pod.process.wait()
         log.info("sandbox_pod_stopped sandbox=%s exit=%s", pod.key, pod.process.returncode)
         self.pods.pop(key, None)
 

@@ -53,6 +53,24 @@ _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """Everything a restarted API server needs to go on where this one stopped: the live
+    objects in storage form (keyed by their storage resource), the resourceVersion
+    counter, and the propagation policy of each deletion still waiting for finalizers.
+    The watch log is deliberately not part of it: a watch from before a restore gets 410
+    Expired and lists again, as after a real server's compaction."""
+
+    resource_version: int
+    objects: list[tuple[ResourceKey, Obj]]
+    deletion_policies: dict[str, str]
+
+
+class SnapshotError(ValueError):
+    """A snapshot cannot be restored (an object of a resource nothing serves, a CRD that
+    no longer registers); the message names the object."""
+
+
+@dataclass(frozen=True)
 class WatchEvent:
     """One change, as every watch of its storage resource may see it."""
 
@@ -277,6 +295,70 @@ class ClusterState:
             obj, _ = self.delete(query.resource, meta.get("namespace"), meta["name"], options)
             deleted.append(obj)
         return deleted
+
+    # ------------------------------------------------------------------ persistence
+
+    def snapshot(self) -> Snapshot:
+        """The live objects, counter and pending deletion policies, as they are now.
+
+        The objects are the stored dicts themselves, not copies: a caller encodes them at
+        once, on the event loop, before any request can change them."""
+        objects = [
+            ((key[0].group or "", key[0].version or "", key[0].plural or ""), entry.raw)
+            for key, entry in self.objects.items()
+            if not entry.deleted
+        ]
+        return Snapshot(self._resource_version, objects, dict(self._policies))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Load ``snapshot`` into this (empty) state, keeping every object's server-owned
+        metadata as it was.
+
+        CRDs go first, so their resources are served again before their objects are put
+        back. The counter continues from the snapshot's, and the watch log starts empty
+        above it, so a watch from an older resourceVersion gets 410 Expired. Namespaces
+        and CRDs that were being deleted go on emptying, and dependents of owners that
+        are gone (deleted in changes the snapshot did not see) are collected."""
+        if self._resource_version or any(not e.deleted for e in self.objects.values()):
+            raise RuntimeError("restore() needs an empty cluster state")
+        ordered = sorted(snapshot.objects, key=lambda item: item[0] != resources.CRDS)
+        newest = snapshot.resource_version
+        for storage_key, obj in ordered:
+            meta = obj.get("metadata") or {}
+            name = meta.get("name")
+            storage = self.registry.lookup(*storage_key)
+            if storage is None or not isinstance(name, str) or not meta.get("uid"):
+                what = "/".join(part for part in storage_key if part)
+                raise SnapshotError(
+                    f"{what} {meta.get('namespace') or ''}/{name}: "
+                    + ("its resource is not served" if storage is None else "no name or uid")
+                )
+            if storage.key == resources.CRDS:
+                try:
+                    self._serve_crd(obj)
+                except kmock.KubernetesError as exc:
+                    raise SnapshotError(f"CRD {name}: {exc.message}") from exc
+            key = self._key(storage, meta.get("namespace"), name)
+            self.objects[key] = obj
+            self._uids[meta["uid"]] = key
+            if meta.get("deletionTimestamp") and storage.key in (
+                resources.NAMESPACES,
+                resources.CRDS,
+            ):
+                self._emptying.add(key)
+            newest = max(newest, int(meta.get("resourceVersion") or 0))
+        self._resource_version = self._log_floor = newest
+        self._policies = {
+            uid: policy for uid, policy in snapshot.deletion_policies.items() if uid in self._uids
+        }
+        owners = {
+            str(ref.get("uid"))
+            for _, obj in snapshot.objects
+            for ref in obj["metadata"].get("ownerReferences") or []
+            if ref.get("uid")
+        }
+        self._gone_owners.extend(sorted(owners - self._uids.keys()))
+        self._settle()
 
     # ------------------------------------------------------------------ watching
 

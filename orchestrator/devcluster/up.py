@@ -8,6 +8,10 @@ the operator (child processes, restarted if they die), and the stand-in Sandbox
 controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
 (``orchestrator.devcluster.broker``: fakeredis's Redis-protocol server, a child
 process on a free port).
+The API's objects are saved in ``<state-dir>/api-state.json`` (``persistence``) and
+restored by the next ``dev up`` on the same state dir, as a real cluster's etcd outlives
+its API server; ``--fresh`` starts with an empty API instead. A state file that cannot be
+restored stops the command with one line saying so, never an empty cluster in its place.
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
 everything, daemons drained on the way out.
 """
@@ -30,6 +34,7 @@ from kubernetes import config as kube_config
 from orchestrator.devcluster import broker
 from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
+from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.operator.crd import SANDBOX_CRD
@@ -98,10 +103,20 @@ def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
 
 
 async def run_dev_up(
-    *, kubeconfig: Path, state_dir: Path, port: int, sandbox_storage: str = "v1alpha1"
+    *,
+    kubeconfig: Path,
+    state_dir: Path,
+    port: int,
+    sandbox_storage: str = "v1alpha1",
+    fresh: bool = False,
 ) -> None:
-    """Run the stack until SIGTERM/SIGINT; both paths must be absolute."""
+    """Run the stack until SIGTERM/SIGINT; both paths must be absolute. Raises
+    :class:`DevClusterError` for what the user can fix (a state file that cannot be
+    restored, a port in use)."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    api_state = state_dir / API_STATE_FILE
+    if fresh:
+        api_state.unlink(missing_ok=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -123,7 +138,19 @@ async def run_dev_up(
             raise
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
-    async with EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage)) as api:
+    api = EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage), state_file=api_state)
+    try:
+        await api.start()
+    except StateFileError as exc:
+        if embedded is not None:
+            embedded.request_stop()
+            await embedded.wait_stopped(within=10)
+        raise DevClusterError(
+            f"cannot restore the embedded Kubernetes API from {exc}; to start with an empty "
+            f"API, remove {exc.path} or run drainctl dev up --fresh (the ledger and the "
+            "volumes in the state dir are kept)"
+        ) from None
+    try:
         write_kubeconfig(kubeconfig, api.url)
         kube_config.load_kube_config(config_file=str(kubeconfig))
         cli = [sys.executable, "-m", "orchestrator.cli"]
@@ -161,3 +188,5 @@ async def run_dev_up(
             if embedded is not None:
                 embedded.request_stop()
                 await embedded.wait_stopped(within=10)
+    finally:
+        await api.stop()

@@ -30,8 +30,9 @@ from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
 from worker_agent import layout
+from worker_agent.children import descendants
 from worker_agent.session import load_session
-from worker_agent.testing import DRAINCTL, descendants
+from worker_agent.testing import DRAINCTL
 
 pytestmark = pytest.mark.slow
 

@@ -84,19 +84,19 @@ class Cluster:
     """An :class:`EmbeddedApiServer` on its own event-loop thread, a kubeconfig for it, and
     the clients the tests drive it with."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, state_file: Path | None = None) -> None:
         self.root = root
         self.kubeconfig = root / "kubeconfig"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-api")
         self._thread.start()
-        self.server = self._run(self._start())
+        self.server = self._run(self._start(state_file))
         self.url = self.server.url
         write_kubeconfig(self.kubeconfig, self.url)
 
     @staticmethod
-    async def _start() -> EmbeddedApiServer:
-        server = EmbeddedApiServer()
+    async def _start(state_file: Path | None) -> EmbeddedApiServer:
+        server = EmbeddedApiServer(state_file=state_file)
         await server.start()
         return server
 
@@ -755,3 +755,136 @@ def test_a_port_in_use_is_reported_with_what_to_do() -> None:
             DevClusterError, match=f"cannot listen on 127.0.0.1:{port}.*pick another --port"
         ):
             asyncio.run(EmbeddedApiServer(port=port).start())
+
+
+# ---------------------------------------------------------------------------- persistence
+
+
+@pytest.fixture
+def state_file(tmp_path: Path) -> Path:
+    return tmp_path / "api-state.json"
+
+
+def restarted(cluster: Cluster, state_file: Path) -> Cluster:
+    """``cluster`` stopped (its last save on the way out) and a new one on its file."""
+    cluster.close()
+    return Cluster(cluster.root, state_file)
+
+
+def test_a_restarted_api_keeps_every_object_as_it_was_and_its_counter_goes_on(
+    tmp_path: Path, state_file: Path
+) -> None:
+    first = Cluster(tmp_path, state_file)
+    first.apply(CRD)
+    first.request("POST", TASKS, task("t1"))
+    first.merge_patch(f"{TASKS}/t1", {"spec": {"task": {"agents": 3}}})
+    first.patch("ctask/t1", '{"metadata": {"finalizers": ["example.com/hold"]}}')
+    first.kubectl("delete", "ctask", "t1", "--wait=false")
+    before = first.get(f"{TASKS}/t1")
+    listed_at = int(first.get(TASKS)["metadata"]["resourceVersion"])
+    second = restarted(first, state_file)
+    try:
+        after = second.get(f"{TASKS}/t1")
+        assert after["metadata"] == before["metadata"]  # uid, rv, generation, timestamps
+        assert after["metadata"]["generation"] == 3  # created, respecified, deleted
+        assert after["spec"] == {"task": {"agents": 3}}
+        assert int(second.get(TASKS)["metadata"]["resourceVersion"]) == listed_at
+        created = second.request("POST", TASKS, task("t2"))[1]
+        assert int(created["metadata"]["resourceVersion"]) == listed_at + 1
+        # The restored deletion still completes once its finalizer goes.
+        second.patch("ctask/t1", '{"metadata": {"finalizers": null}}')
+        assert not second.exists(f"{TASKS}/t1")
+    finally:
+        second.close()
+
+
+def test_a_watch_from_before_a_restore_is_told_to_list_again(
+    tmp_path: Path, state_file: Path
+) -> None:
+    first = Cluster(tmp_path, state_file)
+    first.apply(CRD)
+    since = first.get(TASKS)["metadata"]["resourceVersion"]
+    first.request("POST", TASKS, task("t1"))
+    second = restarted(first, state_file)
+    try:
+        events = second.watch(TASKS, resourceVersion=since, timeoutSeconds="1")
+        assert [(e["type"], e["object"]["code"], e["object"]["reason"]) for e in events] == [
+            ("ERROR", 410, "Expired")
+        ]
+        listed = second.get(TASKS)
+        assert [item["metadata"]["name"] for item in listed["items"]] == ["t1"]
+        second.request("POST", TASKS, task("t2"))
+        resumed = second.watch(
+            TASKS, resourceVersion=listed["metadata"]["resourceVersion"], timeoutSeconds="0.3"
+        )
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in resumed] == [("ADDED", "t2")]
+    finally:
+        second.close()
+
+
+def test_restored_objects_are_collected_with_their_owner_and_their_namespace(
+    tmp_path: Path, state_file: Path
+) -> None:
+    first = Cluster(tmp_path, state_file)
+    first.apply(CRD)
+    owner = first.request("POST", TASKS, task("t1"))[1]
+    reference = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "t1",
+                 "uid": owner["metadata"]["uid"]}  # fmt: skip
+    pvc = {"metadata": {"name": "workspace", "ownerReferences": [reference]}, "spec": {}}
+    assert first.request("POST", PVCS, pvc)[0] == 201
+    first.kubectl("create", "namespace", "team-a")
+    held = {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}
+    assert first.request("POST", "/api/v1/namespaces/team-a/configmaps", held)[0] == 201
+    first.kubectl("delete", "namespace", "team-a", "--wait=false")
+    second = restarted(first, state_file)
+    try:
+        assert second.get("/api/v1/namespaces/team-a")["status"]["phase"] == "Terminating"
+        second.kubectl("delete", "ctask", "t1")
+        assert not second.exists(f"{PVCS}/workspace")
+        second.kubectl(
+            "-n", "team-a", "patch", "configmap", "held", "--type", "merge",
+            "-p", '{"metadata": {"finalizers": null}}',
+        )  # fmt: skip
+        wait_until(lambda: not second.exists("/api/v1/namespaces/team-a"), 10, "team-a to go")
+    finally:
+        second.close()
+
+
+def test_an_upgraded_crd_replaces_the_restored_one(tmp_path: Path, state_file: Path) -> None:
+    first = Cluster(tmp_path, state_file)
+    first.apply(CRD)
+    first.request("POST", TASKS, task("t1"))
+    first.close()
+    upgraded = json.loads(json.dumps(CRD))
+    upgraded["spec"]["names"]["shortNames"] = ["ctask", "ct"]
+
+    async def served() -> tuple[list[str], list[str]]:
+        async with EmbeddedApiServer(crds=[upgraded], state_file=state_file) as server:
+            crd = server.emulator.state.registry.lookup(GROUP, VERSION, "calibantasks")
+            names = [k[2] for k, e in server.objects.items() if not e.deleted]
+            return list(crd.short_names if crd else []), names
+
+    short_names, names = asyncio.run(served())
+    assert sorted(short_names) == ["ct", "ctask"]
+    assert "t1" in names
+
+
+def test_a_corrupt_state_file_stops_dev_up_with_one_line_saying_how_to_start_fresh(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "api-state.json").write_text('{"format": 1, "objects": [')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAIN_", "KUBECONFIG"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "dev", "up", "--state-dir", str(state),
+         "--kubeconfig", str(tmp_path / "kubeconfig"), "--log-level", "WARNING"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: cannot restore the embedded Kubernetes API from {state}")
+    assert "not valid JSON" in line
+    assert "--fresh" in line
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "kubeconfig").exists()

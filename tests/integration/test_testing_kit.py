@@ -10,7 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from worker_agent.testing import DaemonProcess, Subprocess, descendants, wait_until
+from worker_agent.children import descendants
+from worker_agent.testing import DaemonProcess, Subprocess, wait_until
 
 
 def alive(pid: int) -> bool:
@@ -55,7 +56,8 @@ def test_a_program_that_never_stops_its_daemon_leaves_no_daemon_behind(tmp_short
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from worker_agent.testing import DaemonProcess, descendants
+        from worker_agent.children import descendants
+        from worker_agent.testing import DaemonProcess
         daemon = DaemonProcess(Path({str(tmp_short)!r})).start()
         daemon.spawn_working(1, "turns=100000,turn_ms=50", 1)
         print(" ".join(map(str, [daemon.pid, *descendants(daemon.pid)])), flush=True)
