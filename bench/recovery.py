@@ -92,7 +92,7 @@ class Disrupter:
                 except psutil.Error:
                     continue
                 store = argv[argv.index("--store") + 1] if "--store" in argv else None
-                if "daemon" in argv and store == str(volume):
+                if "daemon" in argv and "worker_agent.reaper" not in argv and store == str(volume):
                     return process
             return None
 

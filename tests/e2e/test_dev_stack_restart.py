@@ -128,7 +128,11 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
         after_kill = sessions(first, pvc)
         for directory in first.agent_dirs("default", pvc):  # every turn saved is kept
             assert after_kill[directory.name][0] >= before_kill[directory.name]
-            assert count_completed_turns(directory) == after_kill[directory.name][0]
+            # A worker killed between saving a turn and announcing it leaves that one
+            # turn unannounced (the worker contract's one allowed gap, re-announced on
+            # resume); never more.
+            on_disk = after_kill[directory.name][0]
+            assert count_completed_turns(directory) in (on_disk, on_disk - 1)
         assert sessions(first, pvc) == after_kill  # nothing is left to write them
 
         second = DevStack(root, broker, database)

@@ -91,7 +91,9 @@ def daemon_of(stack: DevStack, pvc: str) -> psutil.Process:
                 argv = process.cmdline()
             except psutil.Error:
                 continue
-            if "daemon" in argv and "--store" in argv and argv[argv.index("--store") + 1] == volume:
+            if "worker_agent.reaper" in argv or "--store" not in argv:
+                continue  # the pod's reaper carries the daemon's argv too
+            if "daemon" in argv and argv[argv.index("--store") + 1] == volume:
                 return process
         return None
 
