@@ -53,6 +53,7 @@ from orchestrator.operator.lifecycle import (
     SpecError,
     TaskSpec,
     Wanted,
+    adopts_pause_drain,
     availability,
     condition,
     decide_delete,
@@ -403,6 +404,7 @@ class Reconciler:
                 ).condition
             )
             self.recovered(reported)
+            self.consume_wake()
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
         elif step is LaunchStep.RECOVER:
             assert activity is not None and reported is not None
@@ -435,6 +437,7 @@ class Reconciler:
             if decision.streak_over:
                 self.set_status(recoveryStreak=0)
             self.recovered(counts)
+            self.consume_wake()
             self.set_phase(Phase.RUNNING, decision.condition.message)
             fresh = await self.fresh_activity()
             # idleSince is the daemon's wall clock, shown as it is; the decision never
@@ -528,6 +531,15 @@ class Reconciler:
         )
         self.set_status(disruptedAt=None, disruption=None)  # fmt: skip
 
+    def consume_wake(self) -> None:
+        """A wake that arrives while the task runs, or while it comes back, asks for
+        nothing more than it has: it is spent here, so it cannot resume the task the
+        moment it next pauses. (A crash-looping task is not Available: a wake then still
+        re-arms its recoveries.)"""
+        wake = self.wake_value()
+        if wake:
+            self.set_status(lastWake=wake)
+
     def wake_value(self) -> str | None:
         value = self.meta.annotations.get(crd.WAKE_ANNOTATION)
         return None if value is None else str(value)
@@ -618,6 +630,10 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         spec = None
     key = operation_key(r.uid, Purpose.DELETE)
     op = await _ledger_call(r.ledger.find_operation, key)
+    if op is None:
+        pause = await r.last_operation()
+        if pause is not None and adopts_pause_drain(r.status.get("phase"), pause.kind, pause.state):
+            op = pause  # deleted mid-pause: one drain, one checkpoint
     # The handler follows the drain itself for a while (most drains take well under a
     # second) and only then hands back to kopf's retry, so deletion is not paced by it.
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS

@@ -25,7 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from orchestrator.ledger import ActivityView, OperationState
+from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.ledger.models import CHECKPOINTED_STATES
 from orchestrator.operator.crd import SANDBOX_API_VERSIONS, SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 
@@ -231,6 +231,29 @@ def decide_delete(
     ):
         return DeleteAction.FORCE
     return DeleteAction.WAIT
+
+
+_DRAINING_OR_CHECKPOINTED = (
+    frozenset({OperationState.PENDING, OperationState.DRAINING, OperationState.DRAINED})
+    | CHECKPOINTED_STATES
+)
+
+
+def adopts_pause_drain(
+    phase: str | None, last_kind: OperationKind | None, last_state: OperationState | None
+) -> bool:
+    """Whether a deletion takes over the pause drain on its way instead of starting its own.
+
+    A task deleted while it pauses (phase Draining, its last operation a pause) is
+    already being drained to a checkpoint: a second drain would record a second
+    checkpoint of the same agents. The deletion waits for the pause's drain and keeps
+    its checkpoint (``decide_delete`` with that operation's state), or forces one past
+    ``drainTimeout``. A pause that failed drained nothing: the deletion drains anew."""
+    return (
+        phase == Phase.DRAINING
+        and last_kind is OperationKind.PAUSE
+        and last_state in _DRAINING_OR_CHECKPOINTED
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.ledger import ActivityView, OperationState
+from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
     CRASH_LOOP_LIMIT,
@@ -34,6 +34,7 @@ from orchestrator.operator.lifecycle import (
     SpecError,
     TaskSpec,
     Wanted,
+    adopts_pause_drain,
     availability,
     condition,
     decide_delete,
@@ -233,6 +234,26 @@ def test_a_task_whose_spec_never_parsed_is_released(phase: Phase | None) -> None
         now=NOW,
     )  # fmt: skip
     assert action is DeleteAction.RELEASE
+
+
+ADOPTED_PAUSE_STATES = [
+    OperationState.PENDING, OperationState.DRAINING, OperationState.DRAINED,
+    OperationState.RECORDED, OperationState.FORCED,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
+@pytest.mark.parametrize("kind", [None, *OperationKind], ids=lambda k: str(k or "no-op"))
+@pytest.mark.parametrize("state", [None, *OperationState], ids=lambda s: str(s or "none"))
+def test_a_deletion_during_a_pause_drain_takes_that_drain_over(
+    phase: Phase | None, kind: OperationKind | None, state: OperationState | None
+) -> None:
+    # Only a Draining task whose last operation is a pause that has not failed: any other
+    # deletion drains for itself (a failed pause drained nothing).
+    expected = (
+        phase is Phase.DRAINING and kind is OperationKind.PAUSE and state in ADOPTED_PAUSE_STATES
+    )
+    assert adopts_pause_drain(phase, kind, state) is expected
 
 
 # ------------------------------------------------------------------------ idle pause

@@ -1,0 +1,149 @@
+"""Identity and truth end to end: every message reaches the task it was meant for, a
+restore restores or fails loudly, what the status says is what runs, and each drain
+leaves one checkpoint whatever order pause, wake and delete arrive in.
+
+``drainctl dev up`` runs the real operator, worker, daemons and agents; ``kubectl`` is
+the user. Each test is one of the sequences a platform engineer tried, with what it
+must leave behind written out: operations and checkpoints in the ledger, the task's
+status and events, the agents' sessions on the workspace volume.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import OperationKind
+from tests.e2e.support import DevStack, task_manifest
+from tests.pipeline_support import fresh_postgres, redis_db_url
+from tests.support import wait_until
+from worker_agent import layout
+from worker_agent.session import load_session
+
+pytestmark = pytest.mark.slow
+
+SLOW_TURNS = "turns=100000,turn_ms=1500"
+"""A worker finishes the turn it is in before it exits on SIGTERM: slow turns keep a
+drain on its way for a second or more, long enough for a delete to land inside it."""
+WAKE = "caliban.caliban-ai.dev/wake"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    root = Path(tempfile.mkdtemp(prefix="cd-truth-", dir="/tmp"))
+    dev = DevStack(root, redis_db_url(db=10), fresh_postgres())
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def pvc_of(stack: DevStack, name: str, namespace: str = "default") -> str:
+    return str(wait_until(lambda: stack.status(namespace, name).get("pvcName"), 60, "a PVC"))
+
+
+def uid_of(stack: DevStack, name: str, namespace: str = "default") -> str:
+    task = stack.task(namespace, name)
+    assert task is not None, f"{namespace}/{name} does not exist"
+    return str(task["metadata"]["uid"])
+
+
+def turns_on_disk(stack: DevStack, pvc: str, namespace: str = "default") -> dict[str, int]:
+    return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
+            if layout.session_file(d).exists()}  # fmt: skip
+
+
+def wait_turns(stack: DevStack, pvc: str, count: int, at_least: int) -> None:
+    def enough() -> bool:
+        turns = turns_on_disk(stack, pvc)
+        return len(turns) == count and all(t >= at_least for t in turns.values())
+
+    wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
+
+
+def never(condition: Callable[[], bool], secs: float, what: str) -> None:
+    """Fail if ``condition`` holds at any poll during ``secs``."""
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        assert not condition(), f"unexpected: {what}"
+        time.sleep(0.1)
+
+
+def events_of(stack: DevStack, name: str, namespace: str = "default") -> list[dict[str, str]]:
+    listed = stack.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    return [
+        {"type": e.get("type", ""), "reason": e.get("reason", ""), "message": e.get("message", "")}
+        for e in json.loads(listed)["items"]
+        if e.get("involvedObject", {}).get("name") == name
+    ]
+
+
+# ------------------------------------------------------------- one checkpoint per drain
+
+
+def test_a_delete_during_a_pause_drain_keeps_that_drains_one_checkpoint(
+    stack: DevStack,
+) -> None:
+    """Tried: ``suspend: true``, then ``kubectl delete`` while the pause still drains."""
+    assert stack.apply(task_manifest("paused-then-deleted", model=SLOW_TURNS)).returncode == 0
+    stack.wait_phase("default", "paused-then-deleted", "Running")
+    pvc = pvc_of(stack, "paused-then-deleted")
+    uid = uid_of(stack, "paused-then-deleted")
+    wait_turns(stack, pvc, 2, 1)
+
+    stack.kubectl("patch", "ctask", "paused-then-deleted", "--type", "merge",
+                  "-p", '{"spec":{"lifecycle":{"suspend":true}}}')  # fmt: skip
+    stack.wait_phase("default", "paused-then-deleted", "Draining", timeout=30)
+    pause = stack.ledger.find_operation(f"{uid}:pause:1")
+    assert pause is not None
+    assert not pause.terminal, f"the pause drain finished before the delete: {pause}"
+    stack.kubectl("delete", "ctask", "paused-then-deleted", timeout=120)
+
+    assert stack.task("default", "paused-then-deleted") is None
+    checkpoints = stack.ledger.list_checkpoints("default", "paused-then-deleted")
+    assert [c.operation_id for c in checkpoints] == [pause.id]
+    assert stack.ledger.find_operation(f"{uid}:delete") is None  # no second drain
+    assert stack.ledger.find_operation(f"{uid}:force") is None
+    (checkpoint,) = checkpoints
+    assert {a.agent_id: a.turns for a in checkpoint.agents} == turns_on_disk(stack, pvc)
+    assert checkpoint.ref in stack.kubectl("get", "pvc", pvc, "-o", "json").stdout
+
+
+def test_a_second_wake_while_resuming_does_not_resume_after_the_next_pause(
+    stack: DevStack,
+) -> None:
+    """Tried: an idle pause, a wake, a second wake while the task resumes; then the next
+    idle pause must stay Suspended (one resume per wake that found the task paused)."""
+    manifest = task_manifest("woken-twice", agents=1, model="turns=2,turn_ms=20",
+                             idleTimeout="2s")  # fmt: skip
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "woken-twice", "Suspended", timeout=120)
+    uid = uid_of(stack, "woken-twice")
+    first_ref = stack.status("default", "woken-twice")["checkpointRef"]
+
+    stack.kubectl("annotate", "ctask", "woken-twice", f"{WAKE}=first", "--overwrite")
+    stack.wait_phase("default", "woken-twice", "Resuming", timeout=30)
+    stack.kubectl("annotate", "ctask", "woken-twice", f"{WAKE}=second", "--overwrite")
+    # It runs again (its agents are done at once), then pauses again when idle.
+    wait_until(
+        lambda: (
+            stack.status("default", "woken-twice").get("pauses") == 2
+            and stack.status("default", "woken-twice").get("phase") == "Suspended"
+        ),
+        120,
+        "the second idle pause",
+    )
+    second_ref = stack.status("default", "woken-twice")["checkpointRef"]
+    assert second_ref != first_ref
+    # Well past what a reconcile pass takes (0.5 s here): no resume from the second pause.
+    never(lambda: stack.status("default", "woken-twice").get("phase") != "Suspended", 8,
+          "the task to leave Suspended with no new wake")  # fmt: skip
+    resumes = [op for op in stack.ledger.list_operations("default", "woken-twice")
+               if op.kind is OperationKind.RESUME]  # fmt: skip
+    assert [op.idempotency_key for op in resumes] == [f"{uid}:resume:{first_ref}"]
+    stack.kubectl("delete", "ctask", "woken-twice", timeout=120)
