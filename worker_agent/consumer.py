@@ -6,6 +6,10 @@ control requests on the local supervisor's Unix socket:
 - ``caliban.daemon.drain(op_id, grace_secs)`` → ``drain`` → the resume refs;
 - ``caliban.daemon.resume(op_id, agents)`` → ``resume`` of each agent not already live;
 
+each refused, acked and answered with the reason, when it names a task uid other than
+the one this pod serves (``DRAIN_TASK_UID``): a message a deleted task of the same name
+left in the queue never touches the new task's agents;
+
 and it sends ``caliban.orchestrator.activity`` heartbeats (counts, and how long the task
 has been idle on this host's monotonic clock) on every change and at least every
 heartbeat interval. The pod holds no Kubernetes credentials and no database URL: the
@@ -52,6 +56,7 @@ from worker_agent.contract import (
     make_celery,
     malformed,
     parse_daemon_queue,
+    refusal,
 )
 from worker_agent.journal import OperationJournal
 from worker_agent.proto import AgentRecord, AgentStatus
@@ -87,6 +92,10 @@ class ConsumerConfig:
             task_uid=os.environ.get("DRAIN_TASK_UID") or None,
         )
 
+    def refusal(self, message_uid: str | None) -> str | None:
+        """Why a message for ``message_uid`` is not this pod's to act on, or None."""
+        return refusal(message_uid, self.task_uid, f"{self.namespace}/{self.name}")
+
 
 def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
     return SupervisorClient(socket_path=config.socket, timeout=timeout)
@@ -109,6 +118,12 @@ def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     if (done := journal.get(request.op_id, "drain", DrainResult)) is not None:
         log.info("drain_redelivered op=%s answered_from=journal", request.op_id)
         return done.model_dump(mode="json")
+    if (refused := config.refusal(request.task_uid)) is not None:
+        # Acked and answered: the operation fails with the reason; no agent is touched.
+        log.warning("drain_refused op=%s reason=%s", request.op_id, refused)
+        answer = DrainResult.model_validate(_drain_result(config, request.op_id, refused))
+        journal.put(request.op_id, "drain", answer)
+        return answer.model_dump(mode="json")
     try:
         with _client(config, timeout=request.grace_secs + 120) as client:
             refs = client.drain(request.grace_secs)
@@ -117,8 +132,9 @@ def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
             raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
         return _drain_result(config, request.op_id, f"supervisor unreachable: {exc}")
     result = DrainResult(
-        op_id=request.op_id, namespace=config.namespace, name=config.name, refs=refs, error=None
-    )
+        op_id=request.op_id, namespace=config.namespace, name=config.name, refs=refs,
+        error=None, task_uid=config.task_uid,
+    )  # fmt: skip
     journal.put(request.op_id, "drain", result)
     log.info(
         "drain_done op=%s task=%s/%s agents=%d unclean=%d",
@@ -130,8 +146,9 @@ def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
 def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
     """A drain that did not happen: no refs, and the reason."""
     return DrainResult(
-        op_id=op_id, namespace=config.namespace, name=config.name, refs=[], error=error
-    ).model_dump(mode="json")
+        op_id=op_id, namespace=config.namespace, name=config.name, refs=[], error=error,
+        task_uid=config.task_uid,
+    ).model_dump(mode="json")  # fmt: skip
 
 
 @app.task(name=DAEMON_RESUME, bind=True, max_retries=SUPERVISOR_RETRIES)
@@ -150,6 +167,11 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     if (done := journal.get(request.op_id, "resume", ResumeResult)) is not None:
         log.info("resume_redelivered op=%s answered_from=journal", request.op_id)
         return done.model_dump(mode="json")
+    if (refused := config.refusal(request.task_uid)) is not None:
+        log.warning("resume_refused op=%s reason=%s", request.op_id, refused)
+        answer = ResumeResult(op_id=request.op_id, results=[], error=refused)
+        journal.put(request.op_id, "resume", answer)
+        return answer.model_dump(mode="json")
     results: list[AgentResumeOutcome] = []
     try:
         with _client(config, timeout=120) as client:

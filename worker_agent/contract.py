@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Final
 
 from celery import Celery
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker_agent.proto import ResumeRef
@@ -202,17 +209,39 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class DrainRequest(Payload):
+class BoundToTask(Payload):
+    """A payload that names the task (by Kubernetes uid) it is meant for.
+
+    Queues are named by namespace and name, which a re-created task shares with the
+    deleted one: a drain or resume the deleted task left in its queue reaches the new
+    task's daemon. The uid is what tells them apart, so the daemon, which serves one
+    uid, refuses a message for another. ``task_uid`` travels only when set: a message
+    without one (``drainctl drain NAMESPACE/NAME``, a sender that predates it) has the
+    shape it always had and is served by whichever daemon consumes the queue."""
+
+    task_uid: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @model_serializer(mode="wrap")
+    def _uid_when_bound(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        shape: dict[str, object] = handler(self)
+        if shape.get("task_uid") is None:
+            shape.pop("task_uid", None)
+        return shape
+
+
+class DrainRequest(BoundToTask):
     """kwargs of ``caliban.daemon.drain``."""
 
     op_id: str = Field(pattern=OP_ID_PATTERN)
     grace_secs: float = Field(ge=0)
 
 
-class DrainResult(Payload):
+class DrainResult(BoundToTask):
     """What ``caliban.daemon.drain`` answers; ``record_checkpoint`` receives it.
 
-    ``error`` set means the daemon could not drain and ``refs`` is empty."""
+    ``error`` set means the daemon could not drain (or refused: the request was for
+    another task uid) and ``refs`` is empty. ``task_uid`` is the uid the answering
+    daemon serves, so the record can check that the agents it lists are the task's."""
 
     op_id: str
     namespace: str
@@ -242,7 +271,7 @@ class ResumeAgent(Payload):
         return shape
 
 
-class ResumeRequest(Payload):
+class ResumeRequest(BoundToTask):
     """kwargs of ``caliban.daemon.resume``. No agents means every agent in the store (a
     forced checkpoint names none: it is the PVC as it was)."""
 
@@ -304,6 +333,18 @@ class ActivityReport(Payload):
     agents_interrupted: int = Field(default=0, ge=0)
     """Agents stopped with work left (``AgentStatus.interrupted``): the orchestrator
     resumes them. Defaults to 0 for a daemon older than the field."""
+
+
+def refusal(message_uid: str | None, served_uid: str | None, served: str) -> str | None:
+    """Why a daemon serving ``served`` (``namespace/name``) with uid ``served_uid`` must not
+    act on a message for ``message_uid``, or None when it may (either uid unknown, or
+    the same)."""
+    if message_uid is None or served_uid is None or message_uid == served_uid:
+        return None
+    return (
+        f"refused: the message is for task uid {message_uid}, this daemon serves {served} "
+        f"uid {served_uid} (a message of a deleted task of the same name)"
+    )
 
 
 def malformed(what: str, exc: ValidationError) -> str:

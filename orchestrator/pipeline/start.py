@@ -65,7 +65,9 @@ def start_drain(
         return op  # already started by an earlier call with the same key
     drain = app.signature(
         DAEMON_DRAIN,
-        kwargs=DrainRequest(op_id=op.id, grace_secs=grace).model_dump(mode="json"),
+        kwargs=DrainRequest(op_id=op.id, grace_secs=grace, task_uid=task_uid).model_dump(
+            mode="json"
+        ),
         queue=queue,
         expires=settings.drain_expires_secs,
     ).set(task_id=f"{op.id}.drain")
@@ -133,7 +135,7 @@ def start_resume(
         ]  # fmt: skip
     resume = app.signature(
         DAEMON_RESUME,
-        kwargs=ResumeRequest(op_id=op.id, agents=agents).model_dump(mode="json"),
+        kwargs=ResumeRequest(op_id=op.id, agents=agents, task_uid=task_uid).model_dump(mode="json"),
         queue=queue,
         expires=settings.resume_expires_secs,
     ).set(task_id=f"{op.id}.resume")

@@ -151,6 +151,11 @@ def record_checkpoint(
             op_id=args.op_id, checkpoint_ref=None, error=error
         ).model_dump(mode="json")
     assert not isinstance(result, str)
+    if (mismatch := _other_task(ledger, args.op_id, result.task_uid)) is not None:
+        _fail(ledger, args.op_id, mismatch)
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=mismatch
+        ).model_dump(mode="json")
     # The daemon has drained: say so before recording. A conflict means drained already
     # (a redelivery) or finished; ledger.record_checkpoint decides what that answers.
     with contextlib.suppress(LedgerConflict):
@@ -221,6 +226,21 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
     log.info("resume_recorded op=%s state=%s failed=%d", args.op_id, view.state, len(failures))
     return RecordResumeOutcome(op_id=args.op_id, state=view.state, failed=len(failures)).model_dump(
         mode="json"
+    )
+
+
+def _other_task(ledger: Ledger, op_id: str, drained_uid: str | None) -> str | None:
+    """Why refs a daemon serving ``drained_uid`` answered cannot be this operation's
+    checkpoint, or None. Daemons refuse a drain for another uid themselves; this is the
+    ledger's own check, so a checkpoint never lists another task's agents whatever the
+    daemon's version. An operation begun without a uid (``drainctl drain``: its task_uid
+    is ``namespace/name``, which no Kubernetes uid looks like) takes the daemon's word."""
+    op = ledger.get_operation(op_id)
+    if op is None or drained_uid is None or "/" in op.task_uid or op.task_uid == drained_uid:
+        return None
+    return (
+        f"drain refused by the ledger: the daemon that answered serves task uid {drained_uid}, "
+        f"the operation is for {op.task_uid}"
     )
 
 
@@ -343,6 +363,9 @@ _REASON_OF_KIND = {
 
 
 def _record_from_stored(ledger: Ledger, op: OperationView, result: DrainResult) -> bool:
+    if (mismatch := _other_task(ledger, op.id, result.task_uid)) is not None:
+        log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, mismatch)
+        return False
     kept = (op.detail or {}).get("record") or {}
     try:
         args = RecordCheckpointArgs.model_validate({**kept, "op_id": op.id})

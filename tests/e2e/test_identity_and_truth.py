@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.ledger import OperationKind
@@ -23,6 +24,7 @@ from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
 from worker_agent import layout
+from worker_agent.children import descendants
 from worker_agent.session import load_session
 
 pytestmark = pytest.mark.slow
@@ -66,6 +68,21 @@ def wait_turns(stack: DevStack, pvc: str, count: int, at_least: int) -> None:
     wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
 
 
+def daemon_pids(stack: DevStack, pvc: str, namespace: str = "default") -> list[int]:
+    """The stack's processes serving ``pvc``'s volume as their store (the daemon, and the
+    pod's reaper, which carries its argv)."""
+    volume = str(stack.volume(namespace, pvc))
+    found = []
+    for pid in descendants(stack.pid):
+        try:
+            argv = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if "--store" in argv and argv[argv.index("--store") + 1] == volume:
+            found.append(pid)
+    return found
+
+
 def never(condition: Callable[[], bool], secs: float, what: str) -> None:
     """Fail if ``condition`` holds at any poll during ``secs``."""
     deadline = time.monotonic() + secs
@@ -81,6 +98,58 @@ def events_of(stack: DevStack, name: str, namespace: str = "default") -> list[di
         for e in json.loads(listed)["items"]
         if e.get("involvedObject", {}).get("name") == name
     ]
+
+
+# ------------------------------------------------------------------ bound to the uid
+
+
+def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_under_its_name(
+    stack: DevStack,
+) -> None:
+    """Tried: the Sandbox deleted by hand (its daemon gone), then the task deleted: its
+    drain waits in the queue ``caliband.default.reborn`` and the delete is forced at
+    ``drainTimeout``. A task re-created under the same name must not be drained by it."""
+    old = task_manifest("reborn", model="turns=100000,turn_ms=100", drainTimeout="5s")
+    assert stack.apply(old).returncode == 0
+    stack.wait_phase("default", "reborn", "Running")
+    old_uid = uid_of(stack, "reborn")
+    sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/reborn"
+    old_pvc = pvc_of(stack, "reborn")
+    stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
+    wait_until(lambda: not daemon_pids(stack, old_pvc), 90, "the old daemon to exit")
+    stack.kubectl("delete", "ctask", "reborn", timeout=120)
+    stale = stack.ledger.find_operation(f"{old_uid}:delete")
+    assert stale is not None, "the deletion sent no drain"
+    forced = stack.ledger.latest_checkpoint("default", "reborn")
+    assert forced is not None and forced.forced and forced.task_uid == old_uid
+
+    assert stack.apply(task_manifest("reborn", model="turns=100000,turn_ms=100")).returncode == 0
+    stack.wait_phase("default", "reborn", "Running")
+    new_uid = uid_of(stack, "reborn")
+    pvc = pvc_of(stack, "reborn")
+    entry = layout.op_entry(stack.volume("default", pvc), stale.id, "drain")
+    wait_until(entry.exists, 60, "the new daemon to receive the stale drain")
+    answered = json.loads(entry.read_text())
+    assert answered["refs"] == []
+    assert answered["error"] == (
+        f"refused: the message is for task uid {old_uid}, this daemon serves default/reborn "
+        f"uid {new_uid} (a message of a deleted task of the same name)"
+    )
+    # The new agents never stopped: each goes on doing turns after the refusal.
+    before = turns_on_disk(stack, pvc)
+    assert len(before) == 2
+    wait_until(
+        lambda: all(turns_on_disk(stack, pvc)[a] > t + 2 for a, t in before.items()),
+        30,
+        "both new agents to go on after the stale drain",
+    )
+    assert stack.status("default", "reborn")["phase"] == "Running"
+    # The ledger: the old task's forced checkpoint only, nothing under the new uid.
+    assert [c.ref for c in stack.ledger.list_checkpoints("default", "reborn")] == [forced.ref]
+    assert stack.ledger.get_operation(stale.id).terminal  # type: ignore[union-attr]
+    stack.kubectl("delete", "ctask", "reborn", timeout=120)
+    kept = stack.ledger.latest_checkpoint("default", "reborn")
+    assert kept is not None and kept.task_uid == new_uid and not kept.forced
 
 
 # ------------------------------------------------------------- one checkpoint per drain

@@ -50,6 +50,20 @@ REF_JSON = {
 SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
     (DrainRequest(op_id="op-1", grace_secs=30.0), {"op_id": "op-1", "grace_secs": 30.0}),
     (
+        DrainRequest(op_id="op-1", grace_secs=30.0, task_uid="uid-1"),
+        {"op_id": "op-1", "grace_secs": 30.0, "task_uid": "uid-1"},
+    ),
+    (
+        DrainResult(op_id="op-1", namespace="team-a", name="task-1", refs=[], error=None,
+                    task_uid="uid-1"),
+        {"op_id": "op-1", "namespace": "team-a", "name": "task-1", "refs": [], "error": None,
+         "task_uid": "uid-1"},
+    ),
+    (
+        ResumeRequest(op_id="op-2", agents=[], task_uid="uid-1"),
+        {"op_id": "op-2", "agents": [], "task_uid": "uid-1"},
+    ),
+    (
         DrainResult(op_id="op-1", namespace="team-a", name="task-1", refs=[REF], error=None),
         {"op_id": "op-1", "namespace": "team-a", "name": "task-1", "refs": [REF_JSON],
          "error": None},

@@ -70,6 +70,40 @@ def test_a_drain_result_records_the_checkpoint(ledger: Ledger) -> None:
     assert [a.resume_ref().model_dump(mode="json") for a in checkpoint.agents] == [REF]
 
 
+def test_refs_from_the_daemon_of_another_task_uid_are_not_recorded(ledger: Ledger) -> None:
+    """Tried: a drain answered by the daemon of a task re-created under the same name (its
+    uid differs): no checkpoint listing the new task's agents under the old one's."""
+    op_id = begin(ledger)
+
+    outcome = tasks.record_checkpoint(
+        drain_result(op_id, task_uid="uid-2"), op_id=op_id, reason="delete"
+    )
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.FAILED
+    assert op.error == (
+        "drain refused by the ledger: the daemon that answered serves task uid uid-2, the "
+        "operation is for uid-1"
+    )
+    assert outcome["checkpoint_ref"] is None
+    assert ledger.list_checkpoints("team-a", "task-1") == []
+
+
+@pytest.mark.parametrize("answered_by", ["uid-1", None], ids=["same-uid", "no-uid"])
+def test_refs_from_the_tasks_own_daemon_or_one_without_a_uid_are_recorded(
+    ledger: Ledger, answered_by: str | None
+) -> None:
+    op_id = begin(ledger)
+    result = drain_result(op_id) if answered_by is None else drain_result(
+        op_id, task_uid=answered_by
+    )  # fmt: skip
+
+    tasks.record_checkpoint(result, op_id=op_id, reason="delete")
+
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.RECORDED
+
+
 @pytest.mark.parametrize(
     ("result", "reason"),
     [
@@ -214,6 +248,41 @@ def test_the_consumer_answers_a_malformed_drain_request_with_an_error_result(
     assert not (tmp_path / "ops").exists()  # nothing journaled: nothing was drained
 
 
+@pytest.mark.parametrize("verb", ["drain", "resume"])
+def test_a_message_for_another_task_uid_is_refused_answered_and_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """Tried: a drain and a resume a deleted task left in the queue, consumed by the daemon
+    of the task re-created under its name. The supervisor's socket is absent: a refusal
+    never reaches it (an attempt would answer "supervisor unreachable" instead)."""
+    from worker_agent import consumer
+    from worker_agent.contract import ResumeResult
+    from worker_agent.journal import OperationJournal
+
+    monkeypatch.setenv("DRAIN_CONSUMER_QUEUE", "caliband.team-a.task-1")
+    monkeypatch.setenv("DRAIN_DAEMON_SOCKET", str(tmp_path / "absent.sock"))
+    monkeypatch.setenv("DRAIN_DAEMON_STORE", str(tmp_path))
+    monkeypatch.setenv("DRAIN_TASK_UID", "new-uid")
+
+    if verb == "drain":
+        answer = consumer.drain(op_id="op-1", grace_secs=5.0, task_uid="old-uid")
+    else:
+        answer = consumer.resume(op_id="op-1", agents=[], task_uid="old-uid")
+
+    reason = (
+        "refused: the message is for task uid old-uid, this daemon serves team-a/task-1 uid "
+        "new-uid (a message of a deleted task of the same name)"
+    )
+    assert answer["error"] == reason
+    journal = OperationJournal(tmp_path)
+    journaled = (
+        journal.get("op-1", "drain", DrainResult)
+        if verb == "drain"
+        else journal.get("op-1", "resume", ResumeResult)
+    )
+    assert journaled is not None and journaled.error == reason
+
+
 def test_a_torn_journal_entry_counts_as_absent(tmp_path: Path) -> None:
     from worker_agent.contract import DrainResult
     from worker_agent.journal import OperationJournal
@@ -261,6 +330,20 @@ def test_an_overdue_drain_whose_daemon_answered_is_recorded_not_failed(ledger: L
     assert checkpoint is not None
     assert (checkpoint.reason, checkpoint.pvc_name) == (CheckpointReason.DELETE, "ws-1")
     assert [(a.agent_id, a.turns) for a in checkpoint.agents] == [("agent-1", 7)]
+
+
+def test_the_sweeper_does_not_record_refs_stored_by_the_daemon_of_another_uid(
+    ledger: Ledger,
+) -> None:
+    op_id = overdue_drain(ledger, "other-uid", None)
+
+    def other(op_id: str) -> DrainResult:
+        return drained(op_id).model_copy(update={"task_uid": "someone-else"})
+
+    assert tasks.sweep_overdue(ledger, stored_drain=other) == [op_id]
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.FAILED
+    assert ledger.list_checkpoints("team-a", "task-1") == []
 
 
 def test_an_overdue_drain_is_left_for_the_next_sweep_while_the_backend_is_unreachable(
