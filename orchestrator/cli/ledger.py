@@ -45,13 +45,14 @@ def ledger() -> None:
 def _checkpoint_table(checkpoints: list[CheckpointView]) -> str:
     header = (
         f"{'REF':<26} {'TASK':<32} {'REASON':<7} {'AGENTS':>6} {'FORCED':<6} "
-        f"{'VERIFIED':<8} CREATED"
+        f"{'VERIFIED':<8} {'WORKSPACE':<9} CREATED"
     )
     rows = [header]
     for c in checkpoints:
         rows.append(
             f"{c.ref:<26} {c.namespace + '/' + c.name:<32} {c.reason:<7} {len(c.agents):>6} "
-            f"{_yes_no(c.forced):<6} {_yes_no(c.verified):<8} {c.created_at:%Y-%m-%d %H:%M:%S}"
+            f"{_yes_no(c.forced):<6} {_yes_no(c.verified):<8} "
+            f"{'kept' if c.available else 'GONE':<9} {c.created_at:%Y-%m-%d %H:%M:%S}"
         )
     return "\n".join(rows)
 
@@ -68,7 +69,8 @@ def _yes_no(flag: bool) -> str:
 @json_option
 def ledger_ls(task: tuple[str, str] | None, limit: int) -> None:
     """Checkpoints, newest first: forced (taken without a drain) and verified (every
-    session's sha256 checked) are separate columns."""
+    session's sha256 checked) are separate columns; WORKSPACE is GONE once a restore
+    found the checkpoint's workspace deleted (``ledger show`` says why)."""
     namespace, name = task if task else (None, None)
     checkpoints = open_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
     emit(checkpoints, lambda: _checkpoint_table(checkpoints))
@@ -89,6 +91,8 @@ def ledger_show(ref: str) -> None:
             f"reason={checkpoint.reason} forced={checkpoint.forced} "
             f"verified={checkpoint.verified} pvc={checkpoint.pvc_name}"
         ]
+        if checkpoint.unavailable:
+            lines.append(f"  unavailable: {checkpoint.unavailable}")
         for agent in checkpoint.agents:
             lines.append(
                 f"  {agent.agent_id:<20} turns={agent.turns:<5} clean={agent.clean!s:<5} "

@@ -100,6 +100,7 @@ TASK_UID_MAX = 320
 AGENT_ID_MAX = 64
 """The daemon's agent ids are at most 64 characters (``worker_agent.store.AGENT_ID``)."""
 IDEMPOTENCY_KEY_MAX = 255
+UNAVAILABLE_MAX = 500
 
 # Every constraint and index has a deterministic name, so later migrations can address
 # them, including SQLite's batch mode, which recreates tables by name.
@@ -210,6 +211,8 @@ class Checkpoint(Base):
     """True when the checkpoint is not forced and every agent's ref is clean (vacuously
     so for a drained daemon with no agents); a forced checkpoint is never verified."""
     created_at: Mapped[datetime]
+    unavailable: Mapped[str | None] = mapped_column(String(UNAVAILABLE_MAX))
+    """Why the checkpoint can no longer be restored (its workspace is gone), or None."""
 
     agents: Mapped[list[CheckpointAgent]] = relationship(
         order_by="CheckpointAgent.agent_id",

@@ -54,6 +54,7 @@ from orchestrator.ledger.models import (
     NAME_MAX,
     NAMESPACE_MAX,
     TASK_UID_MAX,
+    UNAVAILABLE_MAX,
     Checkpoint,
     CheckpointAgent,
     CheckpointReason,
@@ -167,6 +168,12 @@ class CheckpointView:
     created_at: datetime
     agents: tuple[CheckpointAgentView, ...]
     """Ordered by agent id."""
+    unavailable: str | None = None
+    """Why it can no longer be restored (its workspace is gone); None: nothing known."""
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,6 +521,24 @@ class Ledger:
             )
             return None if row is None else _checkpoint_view(row)
 
+    def mark_checkpoint_unavailable(self, ref: str, reason: str) -> CheckpointView | None:
+        """Say checkpoint ``ref`` can no longer be restored, and why (its workspace is
+        gone); None for an unknown ref. The first reason is kept: repeating it, or another
+        operator finding the same, changes nothing."""
+        reason = _text("reason", reason, max_len=None)[:UNAVAILABLE_MAX]
+        with self._sessions.begin() as session:
+            row = session.scalar(
+                select(Checkpoint)
+                .where(Checkpoint.ref == ref)
+                .options(selectinload(Checkpoint.agents))
+                .with_for_update()
+            )
+            if row is None:
+                return None
+            if row.unavailable is None:
+                row.unavailable = reason
+            return _checkpoint_view(row)
+
     def list_checkpoints(
         self, namespace: str | None = None, name: str | None = None, limit: int = 100
     ) -> list[CheckpointView]:
@@ -714,6 +739,7 @@ def _checkpoint_view(row: Checkpoint) -> CheckpointView:
         created_at=row.created_at,
         # Sorted here, not by the database, so the order is the same on every collation.
         agents=tuple(sorted((_agent_view(a) for a in row.agents), key=lambda a: a.agent_id)),
+        unavailable=row.unavailable,
     )
 
 

@@ -33,6 +33,7 @@ import kopf
 from orchestrator.ledger import (
     ActivityView,
     CheckpointReason,
+    CheckpointView,
     Ledger,
     OperationKind,
     OperationState,
@@ -261,8 +262,17 @@ class Reconciler:
                 kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
                 self.set_phase(Phase.FAILED, message)
                 return
+            unreachable = await self.unrestorable(restore_from)
+            if unreachable is not None:
+                reason, message = unreachable
+                self.set_condition("Resumed", False, reason, message)
+                kopf.warn(self.body, reason=reason, message=message)
+                self.set_status(agents=0)
+                self.set_phase(Phase.FAILED, message)
+                return
             pvc_name = restore_from.pvc_name or pvc_name
-        self.set_status(pvcName=pvc_name, sandboxName=self.name, agents=spec.agents, idleSince=None)
+        # status.agents counts agents running, from the daemon's heartbeats: none yet.
+        self.set_status(pvcName=pvc_name, sandboxName=self.name, agents=0, idleSince=None)
         if self.settings.manage_sandbox:
             await kube.ensure_pvc(self.namespace, pvc_name, spec.storage, self.owner(), self.name)
             await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
@@ -279,6 +289,44 @@ class Reconciler:
             self.set_phase(Phase.RESUMING, f"restoring from checkpoint {restore_from.ref}")
             return
         self.set_phase(Phase.PROVISIONING, "waiting for the daemon to report its agents")
+
+    async def unrestorable(self, checkpoint: CheckpointView) -> tuple[str, str] | None:
+        """Why ``checkpoint`` cannot be restored into this task, as (reason, message), or
+        None. Checked before anything is created: a restore whose workspace is missing
+        must fail, never start fresh agents on an empty PVC under the checkpoint's name.
+
+        The retained PVC is a namespaced object, reachable only by a task in its own
+        namespace. Whether it exists is checked where this operator manages the
+        workspace (``DRAIN_MANAGE_SANDBOX``); elsewhere the Sandbox controller owns it."""
+        ref = checkpoint.ref
+        owner = f"{checkpoint.namespace}/{checkpoint.name}"
+        if checkpoint.namespace != self.namespace:
+            return "CheckpointInAnotherNamespace", (
+                f"checkpoint {ref} is of task {owner}: its workspace PVC is in namespace "
+                f"{checkpoint.namespace}, which a task in {self.namespace} cannot mount; "
+                f"create the restoring task in {checkpoint.namespace}; no agents were started"
+            )
+        if checkpoint.unavailable is not None:
+            return "CheckpointWorkspaceGone", (
+                f"checkpoint {ref} cannot be restored: {checkpoint.unavailable}; no agents "
+                "were started"
+            )
+        if not self.settings.manage_sandbox:
+            return None
+        pvc = checkpoint.pvc_name
+        found = None if pvc is None else await kube.get_pvc(self.namespace, pvc)
+        if found is not None and found.metadata.deletion_timestamp is None:
+            return None
+        gone = (
+            f"its workspace PVC {self.namespace}/{pvc} no longer exists (deleted with its "
+            "namespace, or by hand)"
+            if pvc is not None
+            else "it names no workspace PVC"
+        )
+        await _ledger_call(self.ledger.mark_checkpoint_unavailable, ref, gone)
+        return "CheckpointWorkspaceGone", (
+            f"checkpoint {ref} cannot be restored: {gone}; no agents were started"
+        )
 
     def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
         args = [

@@ -46,6 +46,7 @@ class DevStack(DevStackProcess):
                 "DRAIN_SWEEP_INTERVAL_SECS": "1",
             },
         )
+        self.database_url = database
         self.ledger = Ledger.from_url(database)
         self.start()
 

@@ -11,6 +11,8 @@ status and events, the agents' sessions on the workspace volume.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from tests.support import wait_until
 from worker_agent import layout
 from worker_agent.children import descendants
 from worker_agent.session import load_session
+from worker_agent.testing import DRAINCTL
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +153,92 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
     stack.kubectl("delete", "ctask", "reborn", timeout=120)
     kept = stack.ledger.latest_checkpoint("default", "reborn")
     assert kept is not None and kept.task_uid == new_uid and not kept.forced
+
+
+# ----------------------------------------------------- a restore, or a clear failure
+
+
+def deleted_with_checkpoint(stack: DevStack, name: str) -> tuple[str, str]:
+    """A task run, then deleted: its checkpoint's ref and retained PVC."""
+    assert stack.apply(task_manifest(name, agents=1)).returncode == 0
+    stack.wait_phase("default", name, "Running")
+    pvc = pvc_of(stack, name)
+    wait_turns(stack, pvc, 1, 1)
+    stack.kubectl("delete", "ctask", name, timeout=120)
+    checkpoint = stack.ledger.latest_checkpoint("default", name)
+    assert checkpoint is not None and checkpoint.verified
+    return checkpoint.ref, pvc
+
+
+def restoring(name: str, ref: str, namespace: str = "default") -> dict[str, object]:
+    manifest = task_manifest(name, namespace=namespace, agents=1)
+    manifest["spec"]["resumeFrom"] = {"checkpointRef": ref}
+    return manifest
+
+
+def assert_failed_without_starting(
+    stack: DevStack, name: str, namespace: str, reason: str
+) -> dict[str, object]:
+    stack.wait_phase(namespace, name, "Failed", timeout=60)
+    status = stack.status(namespace, name)
+    resumed = [c for c in status["conditions"] if c["type"] == "Resumed"]
+    assert [(c["status"], c["reason"]) for c in resumed] == [("False", reason)]
+    assert "no agents were started" in status["message"]
+    assert status.get("agents", 0) == 0
+    warnings = [e for e in events_of(stack, name, namespace) if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == [reason]
+    # Nothing was created for it: no Sandbox, no PVC, no restore operation.
+    sandboxes = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "-n", namespace,
+                              "-o", "name").stdout  # fmt: skip
+    assert name not in sandboxes
+    pvcs = json.loads(stack.kubectl("get", "pvc", "-n", namespace, "-o", "json").stdout)
+    labels = [p["metadata"].get("labels", {}) for p in pvcs["items"]]
+    assert all(lab.get("caliban.caliban-ai.dev/task") != name for lab in labels), labels
+    uid = uid_of(stack, name, namespace)
+    assert stack.ledger.find_operation(f"{uid}:restore") is None
+    stack.kubectl("delete", "ctask", name, "-n", namespace, timeout=60)  # released at once
+    return status
+
+
+def test_a_restore_whose_workspace_pvc_is_gone_fails_and_the_ledger_says_so(
+    stack: DevStack,
+) -> None:
+    """Tried: the checkpoint's retained PVC deleted by hand, then a restore of it."""
+    ref, pvc = deleted_with_checkpoint(stack, "lost-workspace")
+    stack.kubectl("delete", "pvc", pvc, timeout=60)
+    assert stack.apply(restoring("lost-workspace-again", ref)).returncode == 0
+
+    status = assert_failed_without_starting(
+        stack, "lost-workspace-again", "default", "CheckpointWorkspaceGone"
+    )
+    assert f"PVC default/{pvc} no longer exists" in str(status["message"])
+    assert stack.kubectl("get", "pvc", pvc, check=False).returncode != 0  # not re-created
+    checkpoint = stack.ledger.get_checkpoint(ref)
+    assert checkpoint is not None and not checkpoint.available
+    listed = subprocess.run(
+        [*DRAINCTL, "ledger", "ls", "--task", "default/lost-workspace"],
+        capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "DRAIN_DATABASE_URL": stack.database_url},
+    ).stdout  # fmt: skip
+    (row,) = [line for line in listed.splitlines() if line.startswith(ref)]
+    assert "GONE" in row.split()
+
+
+def test_a_restore_into_another_namespace_fails_naming_the_checkpoints_namespace(
+    stack: DevStack,
+) -> None:
+    """Tried: a checkpoint of a task in default, restored by a task in team-c."""
+    ref, pvc = deleted_with_checkpoint(stack, "homebody")
+    stack.kubectl("create", "namespace", "team-c", check=False)
+    assert stack.apply(restoring("homebody", ref, namespace="team-c")).returncode == 0
+
+    status = assert_failed_without_starting(
+        stack, "homebody", "team-c", "CheckpointInAnotherNamespace"
+    )
+    assert "its workspace PVC is in namespace default" in str(status["message"])
+    checkpoint = stack.ledger.get_checkpoint(ref)
+    assert checkpoint is not None and checkpoint.available  # still there, in default
+    assert stack.volume("default", pvc).is_dir()
 
 
 # ------------------------------------------------------------- one checkpoint per drain

@@ -80,9 +80,11 @@ def test_ledger_ls_shows_forced_and_verified_as_separate_columns(
     result = drainctl("ledger", "ls", env={"DRAIN_DATABASE_URL": url})
     assert result.returncode == ExitCode.OK, result.stderr
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["REF", "TASK", "REASON", "AGENTS", "FORCED", "VERIFIED", "CREATED"]
+    assert header.split() == [
+        "REF", "TASK", "REASON", "AGENTS", "FORCED", "VERIFIED", "WORKSPACE", "CREATED"
+    ]  # fmt: skip
     cells = {row.split()[0]: row.split() for row in rows}
-    assert cells[drained][1:6] == ["ns/t", "manual", "1", "no", "yes"]
+    assert cells[drained][1:7] == ["ns/t", "manual", "1", "no", "yes", "kept"]
     assert cells[forced][1:5] == ["ns/t", "manual", "0", "yes"]
     ledger = Ledger.from_url(url)
     try:
@@ -93,6 +95,33 @@ def test_ledger_ls_shows_forced_and_verified_as_separate_columns(
         assert cells[forced][5] == ("yes" if forced_view.verified else "no")
     finally:
         ledger.dispose()
+
+
+def test_ledger_ls_and_show_say_which_checkpoints_workspace_is_gone(
+    ledger_with_checkpoints: tuple[str, str, str],
+) -> None:
+    """Tried: a checkpoint the operator marked unavailable (its PVC was deleted)."""
+    url, drained, forced = ledger_with_checkpoints
+    ledger = Ledger.from_url(url)
+    try:
+        marked = ledger.mark_checkpoint_unavailable(forced, "PVC ns/ws-1 no longer exists")
+        assert marked is not None and not marked.available
+        again = ledger.mark_checkpoint_unavailable(forced, "a later reason")
+        assert again is not None and again.unavailable == "PVC ns/ws-1 no longer exists"
+        assert ledger.mark_checkpoint_unavailable("ckpt-nope", "gone") is None
+    finally:
+        ledger.dispose()
+    env = {"DRAIN_DATABASE_URL": url}
+    listed = drainctl("ledger", "ls", env=env)
+    cells = {row.split()[0]: row.split() for row in listed.stdout.splitlines()[1:]}
+    assert (cells[drained][6], cells[forced][6]) == ("kept", "GONE")
+    shown = drainctl("ledger", "show", forced, env=env)
+    assert "unavailable: PVC ns/ws-1 no longer exists" in shown.stdout
+    as_json = ok_json(drainctl("ledger", "ls", "--json", env=env))
+    assert isinstance(as_json, list)
+    assert {c["ref"]: c["unavailable"] for c in as_json} == {
+        drained: None, forced: "PVC ns/ws-1 no longer exists"
+    }  # fmt: skip
 
 
 def test_ledger_show_takes_json_after_the_ref_and_before_the_command(
