@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
@@ -59,11 +60,13 @@ from worker_agent.contract import (
     refusal,
 )
 from worker_agent.journal import OperationJournal
-from worker_agent.proto import AgentRecord, AgentStatus
+from worker_agent.proto import DAEMON_STOPPING, AgentRecord, AgentStatus, says_daemon_stopping
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_RETRIES = 5
+HAND_BACK_PAUSE_SECS = 1.0
+"""How long a consumer whose daemon is stopping waits before it hands a resume back."""
 
 settings = BrokerSettings()
 app = make_celery(settings)
@@ -201,6 +204,8 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
                         expect_sha256=agent.session_sha256,
                     )
                 except ControlError as exc:
+                    if says_daemon_stopping(exc.body.kind, exc.body.message):
+                        _hand_back(request.op_id)
                     results.append(
                         AgentResumeOutcome(id=agent.id, ok=False, error=exc.body.message)
                     )
@@ -220,6 +225,21 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
         request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
     )  # fmt: skip
     return result.model_dump(mode="json")
+
+
+def _hand_back(op_id: str) -> None:
+    """Give a resume back to the queue, unanswered: this pod's daemon is stopping (its pod
+    is going), and the next pod's consumer, on the same store, will serve it. Nothing is
+    journaled, so that consumer runs the whole resume, for exactly the agents it names.
+
+    The pause is so that a consumer not yet told to stop does not spin on the message;
+    once it is (``request_stop``, or its death with the daemon), it takes no more."""
+    log.warning(
+        "resume_handed_back op=%s reason=%s: the next pod's consumer takes it",
+        op_id, DAEMON_STOPPING,
+    )  # fmt: skip
+    time.sleep(HAND_BACK_PAUSE_SECS)
+    raise Reject(DAEMON_STOPPING, requeue=True)
 
 
 # ------------------------------------------------------------------------ heartbeats

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -69,6 +69,18 @@ class ErrorKind(StrEnum):
     BAD_REQUEST = "bad_request"
     UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"
+
+
+DAEMON_STOPPING: Final = "the daemon is stopping"
+"""How an ``invalid_state`` error ends when the daemon refuses a spawn or resume because
+it is shutting down (its pod is going). Nothing is wrong with the request: another
+daemon on the same store (the next pod) will serve it, so the consumer hands it back to
+the queue instead of answering (``worker_agent.consumer``)."""
+
+
+def says_daemon_stopping(kind: str, message: str) -> bool:
+    """Whether an error reply is a stopping daemon's refusal (``DAEMON_STOPPING``)."""
+    return kind == ErrorKind.INVALID_STATE and message.endswith(DAEMON_STOPPING)
 
 
 class _Wire(BaseModel):

@@ -121,10 +121,12 @@ class Supervisor:
         raise ProtocolError(ErrorKind.BAD_REQUEST, f"unhandled request {request!r}")
 
     def _refuse_while_draining(self, verb: str) -> None:
+        # Stopping first: a daemon that stops drains too, and what a caller must know is
+        # that this daemon will not serve it at all (the next one on the store will).
+        if self.stopping.is_set():
+            raise ProtocolError(ErrorKind.INVALID_STATE, f"cannot {verb}: {proto.DAEMON_STOPPING}")
         if self._drain is not None and not self._drain.done():
             raise ProtocolError(ErrorKind.INVALID_STATE, f"cannot {verb}: the daemon is draining")
-        if self.stopping.is_set():
-            raise ProtocolError(ErrorKind.INVALID_STATE, f"cannot {verb}: the daemon is stopping")
 
     async def spawn(self, spec: proto.SpawnSpec) -> proto.Spawned:
         self._refuse_while_draining("spawn")

@@ -432,6 +432,92 @@ def test_a_daemon_killed_outright_takes_its_consumer_and_workers_with_it(
         stack.close()
 
 
+# ------------------------------------------------------- resuming only to a ready pod
+
+
+def test_a_resume_that_reaches_a_stopping_daemon_is_served_by_the_next_one_on_its_store(
+    tmp_short: Path,
+) -> None:
+    """Tried: a resume delivered while the pod's daemon shuts down, as a wake right after
+    a pause is: the daemon has its SIGTERM (an agent that ignores it keeps it stopping)
+    and answers every resume "the daemon is stopping". Its consumer must hand the
+    message back, and the next daemon on the store resume exactly the checkpoint's
+    agents. The consumer runs alone here, so it keeps consuming while its daemon stops
+    (in a pod it is the daemon's child and stops with it: the race this closes)."""
+    import psutil
+
+    from orchestrator.ledger import OperationState, OperationView
+    from tests.pipeline_support import Stack, fresh_sqlite, redis_db_url
+
+    stack = Stack(tmp_short, redis_db_url(db=8), fresh_sqlite(tmp_short))
+    consumer: subprocess.Popen[bytes] | None = None
+    try:
+        stack.start_worker()
+        home = tmp_short / "team-a.stopping"
+        home.mkdir()
+        first = DaemonProcess(home, env=stack.env).start()
+        stack.daemons.append(first)
+        log = (home / "consumer.log").open("wb")
+        consumer = subprocess.Popen(
+            [sys.executable, "-m", "worker_agent.consumer", "--queue",
+             "caliband.team-a.stopping", "--socket", str(first.socket), "--store",
+             str(first.store)],
+            stdout=log, stderr=subprocess.STDOUT, env=stack.full_env(),
+        )  # fmt: skip
+        (kept,) = first.spawn_working(1, "turns=100000,turn_ms=50", 2)
+        drained = stack.drainctl("drain", "team-a/stopping", "--wait", "--timeout", "90")
+        assert drained.returncode == 0, drained.stderr
+        ref = drained.stdout.strip()
+        (stubborn,) = first.spawn_working(1, "turns=100000,turn_ms=50,sigterm=ignore", 1)
+        stubborn_dir = first.store / first.records()[stubborn].session_dir
+        assert first.proc is not None
+        (stubborn_worker,) = [
+            child for child in psutil.Process(first.proc.pid).children(recursive=True)
+            if Path(child.cwd()) == stubborn_dir
+        ]  # fmt: skip
+
+        first.signal(signal.SIGTERM)
+        wait_until(lambda: "daemon_stopping" in first.log_text(), 30, "the daemon to stop")
+        resumed = stack.drainctl("resume", "team-a/stopping", "--checkpoint", ref, "--json")
+        assert resumed.returncode == 0, resumed.stderr
+        op_id = json.loads(resumed.stdout)["id"]
+        consumer_log = home / "consumer.log"
+
+        def handed_back_or_answered() -> bool:
+            op = stack.ledger.get_operation(op_id)
+            return "resume_handed_back" in consumer_log.read_text() or bool(op and op.terminal)
+
+        wait_until(handed_back_or_answered, 60, "the consumer to hand the resume back")
+        op = stack.ledger.get_operation(op_id)
+        assert op is not None and op.state is OperationState.RESUMING, (
+            op,
+            consumer_log.read_text()[-2000:],
+        )
+
+        # The pod goes: its consumer with it, its stubborn agent killed at the grace.
+        consumer.kill()
+        consumer.wait(30)
+        stubborn_worker.kill()
+        first.wait(60)
+        second = stack.start_daemon("team-a", "stopping")
+        assert second.store == first.store
+
+        def finished() -> OperationView | None:
+            op = stack.ledger.get_operation(op_id)
+            return op if op is not None and op.terminal else None
+
+        done = wait_until(finished, 90, "the resume to finish on the next daemon")
+        assert done.state is OperationState.RESUMED, done.error
+        assert [r["id"] for r in (done.detail or {})["results"]] == [kept]
+        records = second.records()
+        assert records[kept].status.live
+        assert not records[stubborn].status.live  # not the checkpoint's: left as it is
+    finally:
+        if consumer is not None and consumer.poll() is None:
+            consumer.kill()
+        stack.close()
+
+
 # ------------------------------------------------------- resuming an older checkpoint
 
 
