@@ -57,6 +57,7 @@ from orchestrator.operator.lifecycle import (
     adopts_pause_drain,
     availability,
     condition,
+    heartbeat_silent,
     decide_delete,
     idle_report,
     launch_step,
@@ -328,6 +329,36 @@ class Reconciler:
             f"checkpoint {ref} cannot be restored: {gone}; no agents were started"
         )
 
+    async def ensure_sandbox(self, spec: TaskSpec) -> None:
+        """Re-create the task's Sandbox if it was deleted under it (``kubectl delete
+        sandbox``): the daemon is gone with it, and nothing else brings it back. The
+        daemon comes back on the same workspace, finds its agents drained or crashed, and
+        the recovery resumes them. Without the workspace PVC there is nothing to come
+        back to: the task fails, saying so, rather than starting fresh agents."""
+        if not self.settings.manage_sandbox:
+            return
+        version = spec.sandbox_api_version
+        if await kube.get_sandbox(version, self.namespace, self.name) is not None:
+            return
+        pvc = self.pvc_name
+        found = await kube.get_pvc(self.namespace, pvc)
+        if found is None or found.metadata.deletion_timestamp is not None:
+            message = (
+                f"Sandbox {self.namespace}/{self.name} and its workspace PVC {pvc} are gone: "
+                "nothing to bring the agents back on; no fresh agents were started"
+            )
+            kopf.warn(self.body, reason="WorkspaceGone", message=message)
+            self.set_condition("AgentsAvailable", False, "WorkspaceGone", message)
+            self.set_status(agents=0)
+            self.set_phase(Phase.FAILED, message)
+            return
+        message = (
+            f"Sandbox {self.namespace}/{self.name} was deleted under the task: re-creating it "
+            f"on workspace PVC {pvc}; its agents resume from what they saved"
+        )
+        kopf.warn(self.body, reason="SandboxMissing", message=message)
+        await kube.create_sandbox(version, self.namespace, self.sandbox_body(spec, pvc))
+
     def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
         args = [
             "daemon", "--store", "/workspace", "--socket", "/run/caliband/ctl.sock",
@@ -432,6 +463,12 @@ class Reconciler:
             if outcome.still_resuming:
                 return
         activity = await self.fresh_activity()
+        if self.status.get("phase") == Phase.PROVISIONING and heartbeat_silent(
+            self.heartbeat_age(await self.latest_activity()), self.settings.heartbeat_interval_secs
+        ):
+            await self.ensure_sandbox(spec)
+            if self.status.get("phase") == Phase.FAILED:
+                return
         if activity is not None and not await self.since_last_operation(activity):
             return  # a heartbeat from before the resume finished: wait for the next one
         reported = None
@@ -500,7 +537,9 @@ class Reconciler:
         self.set_status(idleSince=None)
         if decision.step is Availability.DAEMON_SILENT:
             self.apply_condition(decision.condition)
+            self.set_status(agents=0)  # none is known to run
             self.disrupted("DaemonSilent", decision.condition.message)
+            await self.ensure_sandbox(spec)
             self.set_phase(Phase.PROVISIONING, f"waiting for the daemon: "
                                                f"{decision.condition.message}")  # fmt: skip
             return

@@ -53,6 +53,24 @@ async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any])
     await asyncio.to_thread(call)
 
 
+async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Sandbox as the API serves it at ``api_version``, or None if there is none."""
+    group, version = _group_version(api_version)
+
+    def call() -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+                group, version, namespace, crd.SANDBOX_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    return await asyncio.to_thread(call)
+
+
 async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
     group, version = _group_version(api_version)
     await asyncio.to_thread(

@@ -155,6 +155,48 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
     assert kept is not None and kept.task_uid == new_uid and not kept.forced
 
 
+# ------------------------------------------------------------ status from observation
+
+
+def test_a_sandbox_deleted_under_a_running_task_is_recreated_and_its_agents_resume(
+    stack: DevStack,
+) -> None:
+    """Tried: ``kubectl delete sandbox`` under a Running task. The daemon goes with it;
+    the task must stop saying Running, bring its Sandbox back, and resume every agent
+    at ``turns + 1`` on the same workspace."""
+    assert stack.apply(task_manifest("unsandboxed")).returncode == 0
+    stack.wait_phase("default", "unsandboxed", "Running")
+    pvc = pvc_of(stack, "unsandboxed")
+    wait_turns(stack, pvc, 2, 2)
+    sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/unsandboxed"
+    old_uid = json.loads(stack.kubectl("get", sandbox, "-o", "json").stdout)["metadata"]["uid"]
+
+    stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
+    wait_until(lambda: not daemon_pids(stack, pvc), 90, "the daemon to go with its Sandbox")
+    saved = turns_on_disk(stack, pvc)
+    stack.wait_phase("default", "unsandboxed", "Provisioning", timeout=60)
+    assert stack.status("default", "unsandboxed")["agents"] == 0
+
+    def recreated() -> bool:
+        got = stack.kubectl("get", sandbox, "-o", "json", check=False)
+        return got.returncode == 0 and json.loads(got.stdout)["metadata"]["uid"] != old_uid
+
+    wait_until(recreated, 60, "the Sandbox to be re-created")
+    stack.wait_phase("default", "unsandboxed", "Running", timeout=120)
+    wait_until(
+        lambda: all(turns_on_disk(stack, pvc).get(a, 0) > t for a, t in saved.items()),
+        60,
+        "every agent to continue on the same workspace",
+    )
+    assert set(turns_on_disk(stack, pvc)) == set(saved)  # the same agents, none fresh
+    assert stack.status("default", "unsandboxed")["agents"] == 2
+    reasons = [e["reason"] for e in events_of(stack, "unsandboxed") if e["type"] == "Warning"]
+    assert "SandboxMissing" in reasons
+    stack.kubectl("delete", "ctask", "unsandboxed", timeout=120)
+    kept = stack.ledger.latest_checkpoint("default", "unsandboxed")
+    assert kept is not None and not kept.forced
+
+
 # ----------------------------------------------------- a restore, or a clear failure
 
 
