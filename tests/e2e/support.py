@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from orchestrator.ledger import Ledger
 from orchestrator.testing import DevStackProcess
 from tests.support import wait_until
 from worker_agent import layout
+from worker_agent.session import SessionError, load_session
 
 SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 
@@ -97,6 +99,51 @@ class DevStack(DevStackProcess):
                 if "operator" in child.cmdline() and "orchestrator.cli" in child.cmdline():
                     return int(child.pid)
         return None
+
+    def ledger_contradictions(self, settle_secs: float = 60) -> list[str]:
+        """What the ledger claims that the stack contradicts, once every operation has
+        had ``settle_secs`` to finish: an operation still not terminal, or a checkpoint
+        whose agents' turns or session sha256 differ from its workspace on disk.
+
+        A checkpoint is compared only while nothing has run on its workspace since: no
+        resume names it, no later checkpoint is of the same PVC, and the ledger does not
+        already say its workspace is gone. A forced checkpoint lists no agents."""
+        deadline = time.monotonic() + settle_secs
+        while True:
+            ops = self.ledger.list_operations(limit=1000)
+            unfinished = [op for op in ops if not op.terminal]
+            if not unfinished or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        found = [f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) is still "
+                 f"{op.state}" for op in unfinished]  # fmt: skip
+        resumed = {op.checkpoint_ref for op in ops if op.checkpoint_ref and not
+                   op.kind.records_checkpoint}  # fmt: skip
+        checkpoints = self.ledger.list_checkpoints(limit=1000)  # newest first
+        newest_of_pvc: dict[tuple[str, str | None], str] = {}
+        for checkpoint in checkpoints:
+            newest_of_pvc.setdefault((checkpoint.namespace, checkpoint.pvc_name), checkpoint.ref)
+        for checkpoint in checkpoints:
+            if (
+                checkpoint.ref in resumed
+                or not checkpoint.available
+                or checkpoint.pvc_name is None
+                or newest_of_pvc[(checkpoint.namespace, checkpoint.pvc_name)] != checkpoint.ref
+            ):
+                continue
+            volume = self.volume(checkpoint.namespace, checkpoint.pvc_name)
+            for agent in checkpoint.agents:
+                try:
+                    session = load_session(volume / agent.session_dir)
+                except (OSError, SessionError) as exc:
+                    found.append(f"checkpoint {checkpoint.ref} agent {agent.agent_id}: {exc}")
+                    continue
+                if (session.turns, session.sha256) != (agent.turns, agent.session_sha256):
+                    found.append(
+                        f"checkpoint {checkpoint.ref} agent {agent.agent_id} records "
+                        f"{agent.turns} turns, its workspace holds {session.turns}"
+                    )
+        return found
 
     def close(self) -> None:
         self.stop(90)

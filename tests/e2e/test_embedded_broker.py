@@ -33,6 +33,8 @@ def stack() -> Iterator[DevStack]:
     dev = DevStack(root, None, fresh_postgres())
     try:
         yield dev
+        # Whatever the module's tests did, the ledger says only what is so.
+        assert dev.ledger_contradictions() == []
     finally:
         dev.close()
 

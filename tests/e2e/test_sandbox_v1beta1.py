@@ -22,6 +22,8 @@ def stack() -> Iterator[DevStack]:
     dev = DevStack(root, redis_db_url(db=12), fresh_postgres(), "--sandbox-storage", "v1beta1")
     try:
         yield dev
+        # Whatever the module's tests did, the ledger says only what is so.
+        assert dev.ledger_contradictions() == []
     finally:
         dev.close()
 
