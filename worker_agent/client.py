@@ -111,14 +111,16 @@ class SupervisorClient:
         *,
         expect_turns: int | None = None,
         expect_sha256: str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
     ) -> proto.Resumed:
         """Resume one agent; with ``expect_*`` only if its session is what a checkpoint
-        recorded (otherwise ``ControlError`` ``invalid_state`` saying how it differs)."""
+        recorded (otherwise ``ControlError`` ``invalid_state`` saying how it differs);
+        with ``provider``/``model``, continuing with those from now on."""
         fields: dict[str, object] = {"session_dir": session_dir}
-        if expect_turns is not None:
-            fields["expect_turns"] = expect_turns
-        if expect_sha256 is not None:
-            fields["expect_sha256"] = expect_sha256
+        optional = {"expect_turns": expect_turns, "expect_sha256": expect_sha256,
+                    "provider": provider, "model": model}  # fmt: skip
+        fields.update({k: v for k, v in optional.items() if v is not None})
         reply = self.call("resume", **fields)
         assert isinstance(reply, proto.Resumed)
         return reply

@@ -202,6 +202,8 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
                         agent.session_dir,
                         expect_turns=agent.turns,
                         expect_sha256=agent.session_sha256,
+                        provider=request.provider,
+                        model=request.model,
                     )
                 except ControlError as exc:
                     if says_daemon_stopping(exc.body.kind, exc.body.message):

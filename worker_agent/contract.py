@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Final
+from typing import ClassVar, Final
 
 from celery import Celery
 from pydantic import (
@@ -221,11 +221,15 @@ class BoundToTask(Payload):
 
     task_uid: str | None = Field(default=None, min_length=1, max_length=128)
 
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid",)
+    """Fields that travel only when set."""
+
     @model_serializer(mode="wrap")
     def _uid_when_bound(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         shape: dict[str, object] = handler(self)
-        if shape.get("task_uid") is None:
-            shape.pop("task_uid", None)
+        for field in self._OPTIONAL:
+            if shape.get(field) is None:
+                shape.pop(field, None)
         return shape
 
 
@@ -277,6 +281,12 @@ class ResumeRequest(BoundToTask):
 
     op_id: str = Field(pattern=OP_ID_PATTERN)
     agents: list[ResumeAgent]
+    provider: str | None = Field(default=None, min_length=1)
+    """A restore's: every agent continues with the restoring task's provider and model
+    (``spec.task``), not the ones it was spawned with. None: as spawned."""
+    model: str | None = None
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid", "provider", "model")
 
 
 class AgentResumeOutcome(Payload):

@@ -199,6 +199,11 @@ class ResumeRequest(_Request):
     (the workspace moved on since) is refused rather than resumed as something else."""
     expect_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """When resuming a checkpoint: the sha256 of the session.json it recorded."""
+    provider: str | None = Field(default=None, min_length=1)
+    """Continue the conversation with this provider instead of the one the agent was
+    spawned with (a restore into a task whose spec names another); kept from then on."""
+    model: str | None = None
+    """Likewise for the model."""
 
 
 Request = Annotated[

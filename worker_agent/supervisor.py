@@ -116,6 +116,8 @@ class Supervisor:
                 self.store.check_expected(session, request.expect_turns, request.expect_sha256)
                 existing = self.registry.find(session.name)
                 spec = existing.record.spec if existing else proto.SpawnSpec()
+                chosen = {"provider": request.provider, "model": request.model}
+                spec = spec.model_copy(update={k: v for k, v in chosen.items() if v is not None})
                 agent = await self._resume(session, spec)
                 return proto.Resumed(id=agent.id, endpoint=self._endpoint(agent))
         raise ProtocolError(ErrorKind.BAD_REQUEST, f"unhandled request {request!r}")

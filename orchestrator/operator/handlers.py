@@ -57,8 +57,8 @@ from orchestrator.operator.lifecycle import (
     adopts_pause_drain,
     availability,
     condition,
-    heartbeat_silent,
     decide_delete,
+    heartbeat_silent,
     idle_report,
     launch_step,
     merge_conditions,
@@ -284,6 +284,8 @@ class Reconciler:
                 namespace=self.namespace, name=self.name, checkpoint_ref=restore_from.ref,
                 task_uid=self.uid, kind=OperationKind.RESTORE,
                 idempotency_key=operation_key(self.uid, Purpose.RESTORE),
+                # The restoring task's own model and provider, not the checkpoint's.
+                provider=spec.provider, model=spec.model or None,
             )  # fmt: skip
             self.record_operation(op)
             self.set_status(checkpointRef=restore_from.ref)

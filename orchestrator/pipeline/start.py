@@ -102,8 +102,13 @@ def start_resume(
     task_uid: str | None = None,
     kind: OperationKind = OperationKind.RESUME,
     idempotency_key: str | None = None,
+    provider: str | None = None,
+    model: str | None = None,
 ) -> OperationView:
     """Enqueue resume (daemon queue; waits there for the pod) → record_resume.
+
+    ``provider``/``model``: the agents continue with these (a restore into a task whose
+    spec names them) instead of the ones they were spawned with.
 
     ``checkpoint_ref=None`` resumes every agent the daemon's store holds (a daemon that
     restarted with agents no longer running, outside any pause)."""
@@ -135,7 +140,9 @@ def start_resume(
         ]  # fmt: skip
     resume = app.signature(
         DAEMON_RESUME,
-        kwargs=ResumeRequest(op_id=op.id, agents=agents, task_uid=task_uid).model_dump(mode="json"),
+        kwargs=ResumeRequest(
+            op_id=op.id, agents=agents, task_uid=task_uid, provider=provider, model=model
+        ).model_dump(mode="json"),
         queue=queue,
         expires=settings.resume_expires_secs,
     ).set(task_id=f"{op.id}.resume")

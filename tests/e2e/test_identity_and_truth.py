@@ -268,6 +268,28 @@ def test_a_restore_whose_workspace_pvc_is_gone_fails_and_the_ledger_says_so(
     assert "GONE" in row.split()
 
 
+def test_a_restored_task_runs_its_own_model_not_the_checkpoints(stack: DevStack) -> None:
+    """Tried: a checkpoint of an agent on one model, restored by a task whose
+    ``spec.task.model`` names another."""
+    ref, pvc = deleted_with_checkpoint(stack, "first-model")
+    saved = turns_on_disk(stack, pvc)
+    manifest = restoring("second-model", ref)
+    manifest["spec"]["task"]["model"] = "turns=100000,turn_ms=60"  # type: ignore[index]
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "second-model", "Running")
+    wait_until(
+        lambda: all(turns_on_disk(stack, pvc).get(a, 0) > t for a, t in saved.items()),
+        60,
+        "the restored agent to continue",
+    )
+    for directory in stack.agent_dirs("default", pvc):
+        record = json.loads(layout.manifest_file(directory).read_text())
+        assert (record["spec"]["provider"], record["spec"]["model"]) == (
+            "scripted", "turns=100000,turn_ms=60"
+        )  # fmt: skip
+    stack.kubectl("delete", "ctask", "second-model", timeout=120)
+
+
 def test_a_restore_into_another_namespace_fails_naming_the_checkpoints_namespace(
     stack: DevStack,
 ) -> None:

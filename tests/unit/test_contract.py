@@ -64,6 +64,10 @@ SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
         {"op_id": "op-2", "agents": [], "task_uid": "uid-1"},
     ),
     (
+        ResumeRequest(op_id="op-2", agents=[], provider="scripted", model="turns=3"),
+        {"op_id": "op-2", "agents": [], "provider": "scripted", "model": "turns=3"},
+    ),
+    (
         DrainResult(op_id="op-1", namespace="team-a", name="task-1", refs=[REF], error=None),
         {"op_id": "op-1", "namespace": "team-a", "name": "task-1", "refs": [REF_JSON],
          "error": None},
