@@ -66,6 +66,7 @@ from orchestrator.operator.lifecycle import (
     parse_spec,
     resume_outcome,
     sandbox_suspension_patch,
+    sandbox_version_problem,
     should_idle_pause,
     status_patch,
     wanted_transition,
@@ -251,6 +252,14 @@ class Reconciler:
 
     async def provision(self, spec: TaskSpec) -> None:
         pvc_name = self.pvc_name
+        if self.settings.manage_sandbox:
+            problem = sandbox_version_problem(spec.sandbox_api_version, await kube.sandbox_api())
+            if problem is not None:
+                self.set_condition("SandboxCompatible", False, "SandboxVersionMismatch", problem)
+                kopf.warn(self.body, reason="SandboxVersionMismatch", message=problem)
+                self.set_status(agents=0)
+                self.set_phase(Phase.FAILED, f"{problem}; nothing was created")
+                return
         restore_from = None
         if spec.resume_from is not None:
             restore_from = await _ledger_call(self.ledger.get_checkpoint, spec.resume_from)

@@ -14,6 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.operator import crd
+from orchestrator.operator.lifecycle import SandboxApi
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any
@@ -51,6 +52,27 @@ async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any])
                 raise
 
     await asyncio.to_thread(call)
+
+
+async def sandbox_api() -> SandboxApi | None:
+    """What the Sandbox CRD serves and stores (None: no such CRD)."""
+
+    def call() -> SandboxApi | None:
+        try:
+            found = client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        versions = found.spec.versions or []
+        conversion = found.spec.conversion
+        return SandboxApi(
+            served=tuple(str(v.name) for v in versions if v.served),
+            storage=next((str(v.name) for v in versions if v.storage), None),
+            converts=conversion is not None and conversion.strategy == "Webhook",
+        )
+
+    return await asyncio.to_thread(call)
 
 
 async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -344,6 +344,40 @@ def wanted_transition(
     return Wanted.NOTHING
 
 
+@dataclass(frozen=True)
+class SandboxApi:
+    """What the cluster's Sandbox CRD serves: version names, the storage version, and
+    whether a conversion webhook translates between them."""
+
+    served: tuple[str, ...]
+    storage: str | None
+    converts: bool
+
+
+def sandbox_version_problem(api_version: str, api: SandboxApi | None) -> str | None:
+    """Why the task's ``spec.sandbox.apiVersion`` cannot drive this cluster's Sandboxes,
+    or None. Suspension is a different field per version (``replicas`` on v1alpha1,
+    ``operatingMode`` on v1beta1): written at a version other than the stored one with
+    no webhook to convert it, it would never reach the controller, and the task would
+    say Suspended while its daemon kept running."""
+    if api is None:
+        return "the cluster has no Sandbox API (CRD sandboxes.agents.x-k8s.io)"
+    version = api_version.partition("/")[2]
+    if version not in api.served:
+        return (
+            f"spec.sandbox.apiVersion {api_version} is not served by this cluster (served: "
+            f"{', '.join(api.served) or 'none'})"
+        )
+    if api.storage is not None and api.storage != version and not api.converts:
+        return (
+            f"spec.sandbox.apiVersion {api_version}: this cluster stores Sandboxes as "
+            f"{api.storage} with no conversion webhook, so a suspension written at {version} "
+            f"would not reach its controller; set spec.sandbox.apiVersion to "
+            f"{api_version.partition('/')[0]}/{api.storage}"
+        )
+    return None
+
+
 def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:
     """The Sandbox spec change that stops (or restarts) its pod, per API version."""
     if api_version == SANDBOX_V1BETA1:

@@ -28,6 +28,27 @@ def stack() -> Iterator[DevStack]:
         dev.close()
 
 
+def test_a_task_naming_a_sandbox_version_the_cluster_does_not_store_fails_before_it_starts(
+    stack: DevStack,
+) -> None:
+    """Tried: ``spec.sandbox.apiVersion: agents.x-k8s.io/v1alpha1`` on a cluster that stores
+    v1beta1 with no conversion webhook: its pause would set ``replicas: 0``, which the
+    controller never reads, and the task would say Suspended while its daemon ran on."""
+    manifest = task_manifest("alpha-on-beta", agents=1)
+    manifest["spec"]["sandbox"] = {"apiVersion": "agents.x-k8s.io/v1alpha1"}
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "alpha-on-beta", "Failed", timeout=60)
+    status = stack.status("default", "alpha-on-beta")
+    assert "stores Sandboxes as v1beta1 with no conversion webhook" in status["message"]
+    assert "set spec.sandbox.apiVersion to agents.x-k8s.io/v1beta1" in status["message"]
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "SandboxCompatible"] == [
+        "SandboxVersionMismatch"
+    ]
+    listed = stack.kubectl("get", "sandboxes.v1beta1.agents.x-k8s.io", "-o", "name").stdout
+    assert "alpha-on-beta" not in listed
+    stack.kubectl("delete", "ctask", "alpha-on-beta", timeout=60)
+
+
 def test_v1beta1_sandbox_is_suspended_through_operating_mode(stack: DevStack) -> None:
     manifest = task_manifest("beta", agents=1, model="turns=100000,turn_ms=50")
     manifest["spec"]["sandbox"] = {"apiVersion": "agents.x-k8s.io/v1beta1"}

@@ -31,6 +31,7 @@ from orchestrator.operator.lifecycle import (
     Purpose,
     RecoveryHistory,
     ResumeOutcome,
+    SandboxApi,
     SpecError,
     TaskSpec,
     Wanted,
@@ -47,6 +48,7 @@ from orchestrator.operator.lifecycle import (
     parse_spec,
     resume_outcome,
     sandbox_suspension_patch,
+    sandbox_version_problem,
     should_idle_pause,
     status_patch,
     wanted_transition,
@@ -655,3 +657,30 @@ def test_the_first_recovery_of_a_task_never_waits() -> None:
     decision = _available(AgentCounts(total=2, live=0, interrupted=2), history=RecoveryHistory())
     assert decision.step is Availability.RECOVER
     assert RECOVERY_BACKOFF_SECS[0] == 0
+
+
+# ------------------------------------------------------------ the cluster's Sandbox API
+
+BOTH = ("v1alpha1", "v1beta1")
+
+
+@pytest.mark.parametrize(
+    ("wanted", "api", "problem"),
+    [
+        (SANDBOX_V1ALPHA1, SandboxApi(BOTH, "v1alpha1", False), None),
+        (SANDBOX_V1BETA1, SandboxApi(BOTH, "v1beta1", False), None),
+        (SANDBOX_V1ALPHA1, SandboxApi(BOTH, "v1beta1", True), None),  # upstream: a webhook
+        (SANDBOX_V1ALPHA1, SandboxApi(BOTH, "v1beta1", False), "stores Sandboxes as v1beta1"),
+        (SANDBOX_V1BETA1, SandboxApi(BOTH, "v1alpha1", False), "stores Sandboxes as v1alpha1"),
+        (SANDBOX_V1BETA1, SandboxApi(("v1alpha1",), "v1alpha1", False), "is not served"),
+        (SANDBOX_V1ALPHA1, None, "has no Sandbox API"),
+    ],
+)
+def test_a_sandbox_version_the_cluster_cannot_suspend_through_is_named(
+    wanted: str, api: SandboxApi | None, problem: str | None
+) -> None:
+    found = sandbox_version_problem(wanted, api)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
