@@ -83,6 +83,8 @@ _R = TypeVar("_R")
 
 DELETE_FOLLOW_SECS = 10.0
 DELETE_POLL_SECS = 0.02
+DAEMON_LOOK_SECS = 2.0
+"""How often a deletion's drain looks whether a daemon is left to answer it."""
 
 
 def _now() -> datetime:
@@ -339,6 +341,22 @@ class Reconciler:
         return "CheckpointWorkspaceGone", (
             f"checkpoint {ref} cannot be restored: {gone}; no agents were started"
         )
+
+    async def no_daemon_to_answer(self, spec: TaskSpec) -> str | None:
+        """Why no daemon can answer this task's drain, or None: its Sandbox is gone (so
+        nothing will start one) and its daemon silent. A deletion then takes its forced
+        checkpoint at once rather than at drainTimeout; the daemon's own SIGTERM drain
+        has flushed what the PVC holds."""
+        if not self.settings.manage_sandbox:
+            return None
+        if await kube.get_sandbox(spec.sandbox_api_version, self.namespace, self.name):
+            return None
+        self.now = _now()  # a deletion's pass follows its drain for a while
+        age = self.heartbeat_age(await self.latest_activity())
+        if not heartbeat_silent(age, self.settings.heartbeat_interval_secs):
+            return None
+        silent = "ever" if age is None else f"for {age:.0f}s"
+        return f"its Sandbox is gone and no heartbeat came from its daemon {silent}"
 
     async def ensure_sandbox(self, spec: TaskSpec) -> None:
         """Re-create the task's Sandbox if it was deleted under it (``kubectl delete
@@ -735,6 +753,7 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     # The handler follows the drain itself for a while (most drains take well under a
     # second) and only then hands back to kopf's retry, so deletion is not paced by it.
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS
+    next_look = time.monotonic()
     while True:
         checkpoint_ref = r.status.get("checkpointRef")
         action = decide_delete(
@@ -773,6 +792,11 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if action is DeleteAction.FORCE:
             await _force_delete(r, op)
             return
+        if spec is not None and time.monotonic() >= next_look:
+            next_look = time.monotonic() + DAEMON_LOOK_SECS
+            if (cause := await r.no_daemon_to_answer(spec)) is not None:
+                await _force_delete(r, op, cause)
+                return
         if time.monotonic() > follow_until:
             raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=0.5)
         await asyncio.sleep(DELETE_POLL_SECS)
@@ -786,8 +810,9 @@ async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
 
 
-async def _force_delete(r: Reconciler, op: OperationView) -> None:
-    """Past drainTimeout (or a failed drain): record what the PVC holds, warn, release.
+async def _force_delete(r: Reconciler, op: OperationView, cause: str | None = None) -> None:
+    """Past drainTimeout, a failed drain, or no daemon left to answer it (``cause``):
+    record what the PVC holds, warn, release.
 
     The abandoned drain is closed first, as superseded: if its daemon answers after all,
     its record finds the operation finished and records nothing, so the deleted task
@@ -796,6 +821,7 @@ async def _force_delete(r: Reconciler, op: OperationView) -> None:
     if not op.terminal:
         op = await _ledger_call(
             r.ledger.expire_operation, op.id,
+            f"superseded by a forced checkpoint: {cause}" if cause else
             f"superseded by a forced checkpoint: the drain did not finish within drainTimeout "
             f"({op.state} after the timeout)",
         )  # fmt: skip

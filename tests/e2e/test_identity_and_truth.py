@@ -199,6 +199,32 @@ def test_a_sandbox_deleted_under_a_running_task_is_recreated_and_its_agents_resu
     assert kept is not None and not kept.forced
 
 
+def test_deleting_a_task_whose_sandbox_is_gone_forces_its_checkpoint_without_the_timeout(
+    stack: DevStack,
+) -> None:
+    """Tried: ``kubectl delete sandbox``, then at once ``kubectl delete ctask`` with the
+    default ``drainTimeout`` (2m): no daemon is left to answer the drain, and nothing
+    will start one, so waiting out the timeout would only hold the deletion."""
+    assert stack.apply(task_manifest("orphaned", agents=1)).returncode == 0
+    stack.wait_phase("default", "orphaned", "Running")
+    pvc = pvc_of(stack, "orphaned")
+    wait_turns(stack, pvc, 1, 2)
+    uid = uid_of(stack, "orphaned")
+    stack.kubectl("delete", "sandboxes.v1alpha1.agents.x-k8s.io/orphaned", "--wait=true",
+                  timeout=120)  # fmt: skip
+    wait_until(lambda: not daemon_pids(stack, pvc), 90, "the daemon to go with its Sandbox")
+    stack.kubectl("delete", "ctask", "orphaned", "--wait=false")
+
+    wait_until(lambda: stack.task("default", "orphaned") is None, 60, "the task to be gone")
+    drain = stack.ledger.find_operation(f"{uid}:delete")
+    assert drain is not None and drain.state == "failed"
+    assert "its Sandbox is gone and no heartbeat came from its daemon" in (drain.error or "")
+    (checkpoint,) = stack.ledger.list_checkpoints("default", "orphaned")
+    assert checkpoint.forced and checkpoint.pvc_name == pvc
+    # What the daemon's own SIGTERM drain flushed is on the PVC the checkpoint names.
+    assert turns_on_disk(stack, pvc) and all(t >= 2 for t in turns_on_disk(stack, pvc).values())
+
+
 # ----------------------------------------------------- a restore, or a clear failure
 
 
