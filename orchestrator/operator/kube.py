@@ -8,13 +8,16 @@ decisions about *when* to call it live in ``lifecycle``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.operator import crd
 from orchestrator.operator.lifecycle import SandboxApi
+
+_T = TypeVar("_T")
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any
@@ -32,6 +35,20 @@ def load_credentials() -> None:
     except config.ConfigException:
         config.load_kube_config()
     _loaded = True
+
+
+async def _read(call: Callable[[], _T]) -> _T | None:
+    """A read of the Kubernetes API in a thread: None when the object does not exist."""
+
+    def absent_as_none() -> _T | None:
+        try:
+            return call()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    return await asyncio.to_thread(absent_as_none)
 
 
 def _group_version(api_version: str) -> tuple[str, str]:
@@ -57,40 +74,31 @@ async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any])
 async def sandbox_api() -> SandboxApi | None:
     """What the Sandbox CRD serves and stores (None: no such CRD)."""
 
-    def call() -> SandboxApi | None:
-        try:
-            found = client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        versions = found.spec.versions or []
-        conversion = found.spec.conversion
-        return SandboxApi(
-            served=tuple(str(v.name) for v in versions if v.served),
-            storage=next((str(v.name) for v in versions if v.storage), None),
-            converts=conversion is not None and conversion.strategy == "Webhook",
-        )
-
-    return await asyncio.to_thread(call)
+    found = await _read(
+        lambda: client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
+    )
+    if found is None:
+        return None
+    versions = found.spec.versions or []
+    conversion = found.spec.conversion
+    return SandboxApi(
+        served=tuple(str(v.name) for v in versions if v.served),
+        storage=next((str(v.name) for v in versions if v.storage), None),
+        converts=conversion is not None and conversion.strategy == "Webhook",
+    )
 
 
 async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
     """The Sandbox as the API serves it at ``api_version``, or None if there is none."""
     group, version = _group_version(api_version)
 
-    def call() -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
-                group, version, namespace, crd.SANDBOX_PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+    def call() -> dict[str, Any]:
+        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+            group, version, namespace, crd.SANDBOX_PLURAL, name
+        )
         return found
 
-    return await asyncio.to_thread(call)
+    return await _read(call)
 
 
 async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
@@ -102,15 +110,9 @@ async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict
 
 
 async def get_pvc(namespace: str, name: str) -> Any:
-    def call() -> Any:
-        try:
-            return client.CoreV1Api().read_namespaced_persistent_volume_claim(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    return await asyncio.to_thread(call)
+    return await _read(
+        lambda: client.CoreV1Api().read_namespaced_persistent_volume_claim(name, namespace)
+    )
 
 
 async def ensure_pvc(

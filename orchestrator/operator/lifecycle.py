@@ -27,7 +27,12 @@ from typing import Any, Final
 
 from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.ledger.models import CHECKPOINTED_STATES
-from orchestrator.operator.crd import SANDBOX_API_VERSIONS, SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
+from orchestrator.operator.crd import (
+    SANDBOX_API_VERSIONS,
+    SANDBOX_CRD,
+    SANDBOX_V1ALPHA1,
+    SANDBOX_V1BETA1,
+)
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -361,7 +366,7 @@ def sandbox_version_problem(api_version: str, api: SandboxApi | None) -> str | N
     no webhook to convert it, it would never reach the controller, and the task would
     say Suspended while its daemon kept running."""
     if api is None:
-        return "the cluster has no Sandbox API (CRD sandboxes.agents.x-k8s.io)"
+        return f"the cluster has no Sandbox API (CRD {SANDBOX_CRD})"
     version = api_version.partition("/")[2]
     if version not in api.served:
         return (
