@@ -51,6 +51,15 @@ class Settings(BrokerSettings):
     """The image of the daemon container in provisioned Sandboxes."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+    snapshots: bool = True
+    """Take a VolumeSnapshot of the workspace for every checkpoint where the cluster offers
+    CSI snapshots (``DRAIN_SNAPSHOTS=false``: never; checkpoints are the retained PVC)."""
+    snapshot_class: str | None = None
+    """The VolumeSnapshotClass to use (``DRAIN_SNAPSHOT_CLASS``); unset: the class of the
+    workspace StorageClass's CSI driver, the default one if several."""
+    snapshot_ready_timeout_secs: float = Field(default=300.0, gt=0)
+    """How long a checkpoint's snapshot may take to become ``readyToUse`` before the
+    operator gives up on it (a Warning, ``Snapshotted=False``) and releases the pod."""
 
     @property
     def redelivery_secs(self) -> float:

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
     ACTIVITY,
+    CHECKPOINT_MISMATCH,
     DAEMON_DRAIN,
     DAEMON_RESUME,
     ORCHESTRATOR_QUEUE,
@@ -60,7 +61,14 @@ from worker_agent.contract import (
     refusal,
 )
 from worker_agent.journal import OperationJournal
-from worker_agent.proto import DAEMON_STOPPING, AgentRecord, AgentStatus, says_daemon_stopping
+from worker_agent.proto import (
+    DAEMON_STOPPING,
+    AgentRecord,
+    AgentStatus,
+    ProtocolError,
+    says_daemon_stopping,
+)
+from worker_agent.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +189,13 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
             records = client.agents()
             live = {r.id for r in records if r.status.live}
             agents = request.agents
+            # One a redelivered resume already brought back has moved on: not checked.
+            waiting = [a for a in agents if a.id not in live]
+            if (mismatch := _not_this_checkpoint(config.store, waiting)) is not None:
+                log.warning("resume_refused op=%s reason=%s", request.op_id, mismatch)
+                answer = ResumeResult(op_id=request.op_id, results=[], error=mismatch)
+                journal.put(request.op_id, "resume", answer)
+                return answer.model_dump(mode="json")
             if not agents:
                 # A forced checkpoint or a recovery names no agents: it is the PVC as it
                 # is, so every agent in the store with work left is resumed; one a user
@@ -227,6 +242,30 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
         request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
     )  # fmt: skip
     return result.model_dump(mode="json")
+
+
+def _not_this_checkpoint(store_root: Path, agents: list[ResumeAgent]) -> str | None:
+    """Why the workspace does not hold the checkpoint these agents come from, or None.
+
+    Every agent's session is checked against the turns and sha256 its checkpoint
+    recorded before any is resumed: a restore continues exactly the checkpoint's state
+    or refuses as a whole, never a mix of it and of what the workspace moved on to."""
+    store = Store(store_root)
+    problems: list[str] = []
+    for agent in agents:
+        if agent.turns is None and agent.session_sha256 is None:
+            continue  # a forced checkpoint or a recovery: the workspace as it is
+        try:
+            session = store.resolve_session_dir(agent.session_dir)
+            if not session.is_dir():
+                problems.append(f"{agent.id}: its session {agent.session_dir} is missing")
+                continue
+            store.check_expected(session, agent.turns, agent.session_sha256)
+        except ProtocolError as exc:
+            problems.append(f"{agent.id}: {exc.message}")
+    if not problems:
+        return None
+    return f"{CHECKPOINT_MISMATCH}; no agent was resumed: {'; '.join(problems)}"
 
 
 def _hand_back(op_id: str) -> None:

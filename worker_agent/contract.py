@@ -357,6 +357,15 @@ def refusal(message_uid: str | None, served_uid: str | None, served: str) -> str
     )
 
 
+CHECKPOINT_MISMATCH: Final = "the workspace does not hold this checkpoint"
+"""How a resume refused because a session is not what its checkpoint recorded begins: no
+agent was resumed, and the operator reports ``CheckpointMismatch``."""
+
+
+def says_checkpoint_mismatch(error: str | None) -> bool:
+    return error is not None and error.startswith(CHECKPOINT_MISMATCH)
+
+
 def malformed(what: str, exc: ValidationError) -> str:
     """One line naming each flaw of a received payload, for an operation's error:
     ``malformed drain result: refs.0.clean: Input should be a valid boolean``."""

@@ -188,7 +188,9 @@ class Operation(Base):
 
 
 class Checkpoint(Base):
-    """A recorded drain: where each agent's conversation is on the retained PVC."""
+    """A recorded drain: where each agent's conversation is on the workspace, which is
+    kept as an immutable VolumeSnapshot where the cluster offers one, and as the
+    retained PVC in any case."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (
@@ -213,6 +215,12 @@ class Checkpoint(Base):
     created_at: Mapped[datetime]
     unavailable: Mapped[str | None] = mapped_column(String(UNAVAILABLE_MAX))
     """Why the checkpoint can no longer be restored (its workspace is gone), or None."""
+    snapshot_name: Mapped[str | None] = mapped_column(String(NAME_MAX))
+    """The VolumeSnapshot of the workspace taken for this checkpoint (its namespace's)."""
+    snapshot_ready_at: Mapped[datetime | None]
+    """When the snapshot was seen ``readyToUse``; a restore uses only a ready snapshot."""
+    snapshot_error: Mapped[str | None] = mapped_column(String(UNAVAILABLE_MAX))
+    """Why the snapshot failed (never ready in time); the retained PVC is all there is."""
 
     agents: Mapped[list[CheckpointAgent]] = relationship(
         order_by="CheckpointAgent.agent_id",

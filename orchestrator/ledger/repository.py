@@ -170,10 +170,20 @@ class CheckpointView:
     """Ordered by agent id."""
     unavailable: str | None = None
     """Why it can no longer be restored (its workspace is gone); None: nothing known."""
+    snapshot_name: str | None = None
+    """The VolumeSnapshot taken of the workspace for this checkpoint, if one was."""
+    snapshot_ready_at: datetime | None = None
+    snapshot_error: str | None = None
+    """Why the snapshot failed; the checkpoint then has only its retained PVC."""
 
     @property
     def available(self) -> bool:
         return self.unavailable is None
+
+    @property
+    def snapshot(self) -> str | None:
+        """The checkpoint's ready VolumeSnapshot: what a restore copies, or None."""
+        return self.snapshot_name if self.snapshot_ready_at is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,6 +549,59 @@ class Ledger:
                 row.unavailable = reason
             return _checkpoint_view(row)
 
+    def record_snapshot(
+        self,
+        ref: str,
+        name: str | None,
+        *,
+        ready_at: datetime | None = None,
+        error: str | None = None,
+    ) -> CheckpointView | None:
+        """Say checkpoint ``ref``'s workspace snapshot is VolumeSnapshot ``name``: asked
+        for (neither ``ready_at`` nor ``error``), ready since ``ready_at``, or failed with
+        ``error`` (``name`` None: none could be asked for, and ``error`` says why); None
+        for an unknown ref. A checkpoint has one snapshot: another name is refused, and
+        once ready or failed the outcome is kept."""
+        if name is not None:
+            name = _text("snapshot name", name, max_len=NAME_MAX)
+        elif error is None or ready_at is not None:
+            raise ValueError("a snapshot without a name is one that failed: give its error")
+        ready_at = _aware("ready_at", ready_at)
+        if error is not None:
+            error = _text("error", error, max_len=None)[:UNAVAILABLE_MAX]
+        with self._sessions.begin() as session:
+            row = session.scalar(
+                select(Checkpoint)
+                .where(Checkpoint.ref == ref)
+                .options(selectinload(Checkpoint.agents))
+                .with_for_update()
+            )
+            if row is None:
+                return None
+            if name is not None and row.snapshot_name not in (None, name):
+                raise LedgerError(
+                    f"checkpoint {ref} already has snapshot {row.snapshot_name}, not {name}"
+                )
+            row.snapshot_name = row.snapshot_name or name
+            if row.snapshot_ready_at is None and row.snapshot_error is None:
+                row.snapshot_ready_at = ready_at
+                row.snapshot_error = None if ready_at is not None else error
+            return _checkpoint_view(row)
+
+    def newest_checkpoint_of_pvc(self, namespace: str, pvc_name: str) -> CheckpointView | None:
+        """The newest checkpoint recorded of workspace PVC ``namespace/pvc_name``: the only
+        one whose state that PVC still holds."""
+        query = (
+            select(Checkpoint)
+            .options(selectinload(Checkpoint.agents))
+            .where(Checkpoint.namespace == namespace, Checkpoint.pvc_name == pvc_name)
+            .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())
+            .limit(1)
+        )
+        with self._sessions.begin() as session:
+            row = session.scalar(query)
+            return None if row is None else _checkpoint_view(row)
+
     def list_checkpoints(
         self, namespace: str | None = None, name: str | None = None, limit: int = 100
     ) -> list[CheckpointView]:
@@ -740,6 +803,9 @@ def _checkpoint_view(row: Checkpoint) -> CheckpointView:
         # Sorted here, not by the database, so the order is the same on every collation.
         agents=tuple(sorted((_agent_view(a) for a in row.agents), key=lambda a: a.agent_id)),
         unavailable=row.unavailable,
+        snapshot_name=row.snapshot_name,
+        snapshot_ready_at=row.snapshot_ready_at,
+        snapshot_error=row.snapshot_error,
     )
 
 

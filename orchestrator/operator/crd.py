@@ -56,3 +56,20 @@ SANDBOX_PLURAL: Final = "sandboxes"
 SANDBOX_KIND: Final = "Sandbox"
 SANDBOX_CRD: Final = f"{SANDBOX_PLURAL}.{SANDBOX_GROUP}"
 """The Sandbox CRD's object name (``<plural>.<group>``)."""
+
+TASK_UID_LABEL: Final = f"{GROUP}/task-uid"
+"""On a checkpoint's VolumeSnapshot: the uid of the task whose workspace it copies."""
+
+# ------------------------------------------------------------ CSI volume snapshots
+
+SNAPSHOT_GROUP: Final = "snapshot.storage.k8s.io"
+SNAPSHOT_VERSION: Final = "v1"
+SNAPSHOT_API_VERSION: Final = f"{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}"
+SNAPSHOT_PLURAL: Final = "volumesnapshots"
+SNAPSHOT_KIND: Final = "VolumeSnapshot"
+SNAPSHOT_CLASS_PLURAL: Final = "volumesnapshotclasses"
+SNAPSHOT_CONTENT_PLURAL: Final = "volumesnapshotcontents"
+SNAPSHOT_CRD: Final = f"{SNAPSHOT_PLURAL}.{SNAPSHOT_GROUP}"
+DEFAULT_SNAPSHOT_CLASS_ANNOTATION: Final = "snapshot.storage.kubernetes.io/is-default-class"
+"""``"true"`` on the VolumeSnapshotClass a driver's snapshots use when none is named."""
+DEFAULT_STORAGE_CLASS_ANNOTATION: Final = "storageclass.kubernetes.io/is-default-class"

@@ -25,10 +25,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
 import kopf
+from kubernetes.utils import parse_quantity
 
 from orchestrator.ledger import (
     ActivityView,
@@ -51,11 +53,13 @@ from orchestrator.operator.lifecycle import (
     Phase,
     Purpose,
     RecoveryHistory,
+    SnapshotProgress,
     SpecError,
     TaskSpec,
     Wanted,
     adopts_pause_drain,
     availability,
+    choose_snapshot_class,
     condition,
     decide_delete,
     heartbeat_silent,
@@ -68,6 +72,8 @@ from orchestrator.operator.lifecycle import (
     sandbox_suspension_patch,
     sandbox_version_problem,
     should_idle_pause,
+    snapshot_state,
+    snapshot_timed_out,
     status_patch,
     wanted_transition,
 )
@@ -85,6 +91,24 @@ DELETE_FOLLOW_SECS = 10.0
 DELETE_POLL_SECS = 0.02
 DAEMON_LOOK_SECS = 2.0
 """How often a deletion's drain looks whether a daemon is left to answer it."""
+SNAPSHOT_POLL_SECS = 0.1
+"""How often a deletion waiting for its checkpoint's snapshot looks whether it is ready."""
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """Where a restoring task's workspace comes from: a fresh PVC filled from the
+    checkpoint's VolumeSnapshot (``snapshot``), or the retained PVC itself, claimed for
+    this task alone."""
+
+    pvc_name: str
+    snapshot: str | None = None
+    storage: str | None = None
+    """At least the snapshot's restore size (a PVC from a snapshot may not be smaller)."""
+
+
+Refusal = tuple[str, str]
+"""Why a restore cannot go ahead: (condition reason, message)."""
 
 
 def _now() -> datetime:
@@ -263,6 +287,7 @@ class Reconciler:
                 self.set_phase(Phase.FAILED, f"{problem}; nothing was created")
                 return
         restore_from = None
+        source = RestoreSource(pvc_name)
         if spec.resume_from is not None:
             restore_from = await _ledger_call(self.ledger.get_checkpoint, spec.resume_from)
             if restore_from is None:
@@ -274,19 +299,23 @@ class Reconciler:
                 kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
                 self.set_phase(Phase.FAILED, message)
                 return
-            unreachable = await self.unrestorable(restore_from)
-            if unreachable is not None:
-                reason, message = unreachable
+            found = await self.restore_source(restore_from, spec)
+            if not isinstance(found, RestoreSource):
+                reason, message = found
                 self.set_condition("Resumed", False, reason, message)
                 kopf.warn(self.body, reason=reason, message=message)
                 self.set_status(agents=0)
                 self.set_phase(Phase.FAILED, message)
                 return
-            pvc_name = restore_from.pvc_name or pvc_name
+            source = found
+            pvc_name = source.pvc_name
         # status.agents counts agents running, from the daemon's heartbeats: none yet.
         self.set_status(pvcName=pvc_name, sandboxName=self.name, agents=0, idleSince=None)
         if self.settings.manage_sandbox:
-            await kube.ensure_pvc(self.namespace, pvc_name, spec.storage, self.owner(), self.name)
+            await kube.ensure_pvc(
+                self.namespace, pvc_name, source.storage or spec.storage, self.owner(),
+                self.name, from_snapshot=source.snapshot,
+            )  # fmt: skip
             await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
                                       self.sandbox_body(spec, pvc_name))  # fmt: skip
         if restore_from is not None:
@@ -304,14 +333,23 @@ class Reconciler:
             return
         self.set_phase(Phase.PROVISIONING, "waiting for the daemon to report its agents")
 
-    async def unrestorable(self, checkpoint: CheckpointView) -> tuple[str, str] | None:
-        """Why ``checkpoint`` cannot be restored into this task, as (reason, message), or
-        None. Checked before anything is created: a restore whose workspace is missing
-        must fail, never start fresh agents on an empty PVC under the checkpoint's name.
+    async def restore_source(
+        self, checkpoint: CheckpointView, spec: TaskSpec
+    ) -> RestoreSource | Refusal:
+        """Where this task's workspace comes from when it restores ``checkpoint``, or why
+        it cannot. Decided before anything is created: a restore whose workspace is
+        missing, moved on, or another task's must fail, never start agents on the wrong
+        state or beside another task's daemon.
 
-        The retained PVC is a namespaced object, reachable only by a task in its own
-        namespace. Whether it exists is checked where this operator manages the
-        workspace (``DRAIN_MANAGE_SANDBOX``); elsewhere the Sandbox controller owns it."""
+        With the checkpoint's VolumeSnapshot ready, the task gets a fresh PVC filled from
+        it: any number of tasks can restore one checkpoint, each into its own copy, and
+        an older checkpoint restores exactly its own state. Without one (no CSI snapshots,
+        or the snapshot failed), the retained PVC is all there is: it holds only its
+        newest checkpoint and serves one task at a time, claimed here atomically.
+
+        The workspace is a namespaced object, reachable only by a task in its own
+        namespace. The rest is checked where this operator manages the workspace
+        (``DRAIN_MANAGE_SANDBOX``); elsewhere the Sandbox controller owns it."""
         ref = checkpoint.ref
         owner = f"{checkpoint.namespace}/{checkpoint.name}"
         if checkpoint.namespace != self.namespace:
@@ -326,21 +364,157 @@ class Reconciler:
                 "were started"
             )
         if not self.settings.manage_sandbox:
-            return None
-        pvc = checkpoint.pvc_name
-        found = None if pvc is None else await kube.get_pvc(self.namespace, pvc)
-        if found is not None and found.metadata.deletion_timestamp is None:
-            return None
-        gone = (
-            f"its workspace PVC {self.namespace}/{pvc} no longer exists (deleted with its "
-            "namespace, or by hand)"
-            if pvc is not None
-            else "it names no workspace PVC"
+            return RestoreSource(checkpoint.pvc_name or self.pvc_name)
+        snapshot_gone = None
+        if checkpoint.snapshot is not None:
+            state = snapshot_state(await kube.get_snapshot(self.namespace, checkpoint.snapshot))
+            if state.progress is SnapshotProgress.READY:
+                return RestoreSource(
+                    self.pvc_name, checkpoint.snapshot, _larger(spec.storage, state.restore_size)
+                )
+            snapshot_gone = f"its VolumeSnapshot {checkpoint.snapshot} no longer exists"
+        return await self.claim_retained(checkpoint, snapshot_gone)
+
+    async def claim_retained(
+        self, checkpoint: CheckpointView, snapshot_gone: str | None
+    ) -> RestoreSource | Refusal:
+        """The checkpoint's retained PVC, claimed for this task, or why it cannot be."""
+        ref, pvc = checkpoint.ref, checkpoint.pvc_name
+        no_snapshot = snapshot_gone or "it has no VolumeSnapshot"
+        for _ in range(3):  # a claim lost to a concurrent write is judged again
+            found = None if pvc is None else await kube.get_pvc(self.namespace, pvc)
+            if found is None or found.metadata.deletion_timestamp is not None:
+                gone = (
+                    f"its workspace PVC {self.namespace}/{pvc} no longer exists (deleted with "
+                    "its namespace, or by hand)"
+                    if pvc is not None
+                    else "it names no workspace PVC"
+                )
+                if snapshot_gone is not None:
+                    gone = f"{snapshot_gone} and {gone}"
+                await _ledger_call(self.ledger.mark_checkpoint_unavailable, ref, gone)
+                return "CheckpointWorkspaceGone", (
+                    f"checkpoint {ref} cannot be restored: {gone}; no agents were started"
+                )
+            assert pvc is not None
+            newest = await _ledger_call(self.ledger.newest_checkpoint_of_pvc, self.namespace, pvc)
+            if newest is not None and newest.ref != ref:
+                return "CheckpointSuperseded", (
+                    f"checkpoint {ref} cannot be restored: {no_snapshot}, and its workspace "
+                    f"PVC {pvc} has moved on to the newer checkpoint {newest.ref} of task "
+                    f"{newest.namespace}/{newest.name}; a workspace without snapshots holds "
+                    f"only its newest checkpoint: restore {newest.ref}; no agents were started"
+                )
+            holder = await self.holder_of(found)
+            if holder is not None:
+                return "WorkspaceInUse", (
+                    f"checkpoint {ref} cannot be restored: {no_snapshot}, and its workspace "
+                    f"PVC {pvc} is held by task {holder}; without a snapshot a workspace "
+                    "serves one task at a time (never two daemons on one workspace): delete "
+                    "that task, then restore the checkpoint its drain records; no agents "
+                    "were started"
+                )
+            if any(o.uid == self.uid for o in found.metadata.owner_references or []):
+                return RestoreSource(pvc)
+            claimed = await kube.claim_pvc(
+                self.namespace, pvc, str(found.metadata.resource_version), self.owner(),
+                self.name,
+            )  # fmt: skip
+            if claimed:
+                return RestoreSource(pvc)
+        return "WorkspaceInUse", (
+            f"checkpoint {ref} cannot be restored: its workspace PVC {pvc} kept changing "
+            "while this task claimed it; no agents were started"
         )
-        await _ledger_call(self.ledger.mark_checkpoint_unavailable, ref, gone)
-        return "CheckpointWorkspaceGone", (
-            f"checkpoint {ref} cannot be restored: {gone}; no agents were started"
+
+    async def holder_of(self, pvc: Any) -> str | None:
+        """The live task other than this one that owns ``pvc`` (``ns/name``, and its phase
+        when it is not running), or None. An owner reference to a task that is gone, or
+        was re-created under its name, holds nothing."""
+        for ref in pvc.metadata.owner_references or []:
+            if ref.kind != crd.KIND or ref.uid == self.uid:
+                continue
+            task = await kube.get_task(self.namespace, ref.name)
+            if task is None or task["metadata"].get("uid") != ref.uid:
+                continue
+            phase = (task.get("status") or {}).get("phase")
+            state = ", being deleted" if task["metadata"].get("deletionTimestamp") else ""
+            return f"{self.namespace}/{ref.name} ({phase or 'Pending'}{state})"
+        return None
+
+    async def snapshot_settled(self, ref: str) -> bool:
+        """Whether checkpoint ``ref``'s workspace snapshot is settled: ready, failed, or
+        not to be taken (no CSI snapshots). Until then the drained pod must stay (a
+        pause does not suspend it, a deletion does not release it), so the snapshot
+        copies the workspace exactly as the drain left it. Asks for the snapshot on the
+        first call; the ledger records each step, so any pass, of any operator replica,
+        carries on from where the last one was."""
+        if not (self.settings.manage_sandbox and self.settings.snapshots):
+            return True
+        checkpoint = await _ledger_call(self.ledger.get_checkpoint, ref)
+        if checkpoint is None or checkpoint.pvc_name is None:
+            return True
+        if checkpoint.snapshot_ready_at is not None or checkpoint.snapshot_error is not None:
+            return True
+        pvc, name = checkpoint.pvc_name, checkpoint.snapshot_name
+        if name is None:
+            class_name, problem = await self.snapshot_class(pvc)
+            if problem is not None:
+                await self.snapshot_failed(ref, None, problem)
+                return True
+            if class_name is None:
+                return True  # the cluster offers no snapshots: the retained PVC it is
+            name = ref  # one snapshot per checkpoint, named by it
+            labels = {crd.CHECKPOINT_LABEL: ref, crd.TASK_LABEL: self.name,
+                      crd.TASK_UID_LABEL: self.uid}  # fmt: skip
+            await kube.create_snapshot(self.namespace, name, pvc, class_name, labels)
+            await _ledger_call(self.ledger.record_snapshot, ref, name)
+        state = snapshot_state(await kube.get_snapshot(self.namespace, name))
+        self.now = _now()
+        if state.progress is SnapshotProgress.READY:
+            await _ledger_call(self.ledger.record_snapshot, ref, name, ready_at=self.now)
+            message = f"checkpoint {ref}: workspace PVC {pvc} copied to VolumeSnapshot {name}"
+            kopf.info(self.body, reason="Snapshotted", message=message)
+            self.set_condition("Snapshotted", True, "SnapshotReady", message)
+            return True
+        timeout = self.settings.snapshot_ready_timeout_secs
+        if not snapshot_timed_out(checkpoint.created_at, self.now, timeout):
+            return False
+        why = f"VolumeSnapshot {name} of PVC {pvc} was not ready within {timeout:g}s"
+        if state.progress is SnapshotProgress.MISSING:
+            why += " and no longer exists"
+        elif state.error:
+            why += f" (the snapshotter says: {state.error})"
+        await self.snapshot_failed(ref, name, why)
+        return True
+
+    async def snapshot_class(self, pvc_name: str) -> tuple[str | None, str | None]:
+        """The VolumeSnapshotClass for the workspace (None: the cluster offers none that
+        fits), or a problem to report: a configured class that does not exist."""
+        if not await kube.snapshots_served():
+            return None, None
+        classes = await kube.snapshot_classes()
+        configured = self.settings.snapshot_class
+        if configured is not None:
+            if any(c.name == configured for c in classes):
+                return configured, None
+            return None, (
+                f"DRAIN_SNAPSHOT_CLASS names VolumeSnapshotClass {configured}, which does not "
+                f"exist (there are: {', '.join(c.name for c in classes) or 'none'})"
+            )
+        driver = await kube.storage_driver(await kube.get_pvc(self.namespace, pvc_name))
+        return choose_snapshot_class(classes, driver), None
+
+    async def snapshot_failed(self, ref: str, name: str | None, why: str) -> None:
+        """The checkpoint goes without a snapshot, loudly: it is kept as the retained PVC
+        only, restorable while it is that workspace's newest, by one task at a time."""
+        await _ledger_call(self.ledger.record_snapshot, ref, name, error=why)
+        message = (
+            f"checkpoint {ref} has no snapshot: {why}; it is kept as the retained workspace "
+            "PVC only"
         )
+        kopf.warn(self.body, reason="SnapshotFailed", message=message)
+        self.set_condition("Snapshotted", False, "SnapshotFailed", message)
 
     async def no_daemon_to_answer(self, spec: TaskSpec) -> str | None:
         """Why no daemon can answer this task's drain, or None: its Sandbox is gone (so
@@ -688,6 +862,10 @@ class Reconciler:
             return
         self.record_operation(op)
         if op.state is OperationState.RECORDED and op.checkpoint_ref:
+            if not await self.snapshot_settled(op.checkpoint_ref):
+                self.set_phase(Phase.DRAINING, f"pausing: agents drained; snapshotting the "
+                                               f"workspace for {op.checkpoint_ref}")  # fmt: skip
+                return
             if self.settings.manage_sandbox:
                 await kube.patch_sandbox(
                     spec.sandbox_api_version, self.namespace, self.name,
@@ -805,6 +983,11 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 
 async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
     r.set_status(checkpointRef=ref)
+    follow_until = time.monotonic() + DELETE_FOLLOW_SECS
+    while not await r.snapshot_settled(ref):
+        if time.monotonic() > follow_until:
+            raise kopf.TemporaryError(f"waiting for the snapshot of checkpoint {ref}", delay=0.5)
+        await asyncio.sleep(SNAPSHOT_POLL_SECS)
     retained = await kube.retain_pvc(r.namespace, r.pvc_name, ref)
     where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
@@ -842,6 +1025,16 @@ async def _force_delete(r: Reconciler, op: OperationView, cause: str | None = No
         f"of PVC {r.pvc_name}",
     )
     await _release_with_checkpoint(r, checkpoint.ref)
+
+
+def _larger(storage: str, restore_size: str | None) -> str:
+    """``storage``, or the snapshot's restore size when that is larger."""
+    if restore_size is None:
+        return storage
+    try:
+        return restore_size if parse_quantity(restore_size) > parse_quantity(storage) else storage
+    except ValueError:
+        return storage
 
 
 def run_operator(*, namespaces: list[str] | None, manage_sandbox: bool) -> None:

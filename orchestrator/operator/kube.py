@@ -15,7 +15,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.operator import crd
-from orchestrator.operator.lifecycle import SandboxApi
+from orchestrator.operator.lifecycle import SandboxApi, SnapshotClass
 
 _T = TypeVar("_T")
 
@@ -116,12 +116,18 @@ async def get_pvc(namespace: str, name: str) -> Any:
 
 
 async def ensure_pvc(
-    namespace: str, name: str, storage: str, owner: dict[str, Any], task_name: str
+    namespace: str,
+    name: str,
+    storage: str,
+    owner: dict[str, Any],
+    task_name: str,
+    from_snapshot: str | None = None,
 ) -> None:
-    """Create the workspace PVC owned by the task, or adopt an existing (retained) one."""
+    """Create the workspace PVC owned by the task (filled from VolumeSnapshot
+    ``from_snapshot`` when given), or adopt an existing (retained) one."""
     existing = await get_pvc(namespace, name)
     if existing is None:
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
             "metadata": {
@@ -135,6 +141,12 @@ async def ensure_pvc(
                 "resources": {"requests": {"storage": storage}},
             },
         }
+        if from_snapshot is not None:
+            body["spec"]["dataSource"] = {
+                "apiGroup": crd.SNAPSHOT_GROUP,
+                "kind": crd.SNAPSHOT_KIND,
+                "name": from_snapshot,
+            }
 
         def create() -> None:
             try:
@@ -179,6 +191,190 @@ async def retain_pvc(namespace: str, name: str, checkpoint_ref: str) -> bool:
         return True
 
     return await asyncio.to_thread(call)
+
+
+async def claim_pvc(
+    namespace: str, name: str, resource_version: str, owner: dict[str, Any], task_name: str
+) -> bool:
+    """Make the task the sole owner of retained PVC ``name``, if the PVC is still at
+    ``resource_version`` (what the caller read and judged unheld); False if it changed
+    since (another task may have claimed it: read again) or is gone. The version is the
+    API server's compare-and-swap, so of two tasks restoring one workspace at once,
+    exactly one claims it."""
+
+    def call() -> bool:
+        patch = {
+            "metadata": {
+                "resourceVersion": resource_version,
+                "ownerReferences": [owner],
+                "labels": {crd.TASK_LABEL: task_name},
+            }
+        }
+        try:
+            client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+                name, namespace, patch, _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    return await asyncio.to_thread(call)
+
+
+async def delete_pvc(namespace: str, name: str) -> bool:
+    """Delete PVC ``name``; False if there was none."""
+    return await _delete(
+        lambda: client.CoreV1Api().delete_namespaced_persistent_volume_claim(name, namespace)
+    )
+
+
+async def get_task(namespace: str, name: str) -> dict[str, Any] | None:
+    """The CalibanTask ``namespace/name``, or None."""
+
+    def call() -> dict[str, Any]:
+        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name
+        )
+        return found
+
+    return await _read(call)
+
+
+async def list_tasks() -> list[dict[str, Any]]:
+    """Every CalibanTask in the cluster."""
+
+    def call() -> list[dict[str, Any]]:
+        listed = client.CustomObjectsApi().list_cluster_custom_object(
+            crd.GROUP, crd.VERSION, crd.PLURAL
+        )
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
+
+    return await asyncio.to_thread(call)
+
+
+# ----------------------------------------------------------------- snapshots
+
+
+async def _delete(call: Callable[[], object]) -> bool:
+    def absent_as_false() -> bool:
+        try:
+            call()
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    return await asyncio.to_thread(absent_as_false)
+
+
+async def snapshots_served() -> bool:
+    """Whether the cluster serves ``snapshot.storage.k8s.io/v1`` VolumeSnapshots (the
+    external-snapshotter's CRDs are installed)."""
+    found = await _read(
+        lambda: client.ApiextensionsV1Api().read_custom_resource_definition(crd.SNAPSHOT_CRD)
+    )
+    if found is None:
+        return False
+    return any(v.name == crd.SNAPSHOT_VERSION and v.served for v in found.spec.versions or [])
+
+
+async def snapshot_classes() -> list[SnapshotClass]:
+    def call() -> list[SnapshotClass]:
+        try:
+            listed = client.CustomObjectsApi().list_cluster_custom_object(
+                crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_CLASS_PLURAL
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [
+            SnapshotClass(
+                name=str(item["metadata"]["name"]),
+                driver=str(item.get("driver", "")),
+                default=(item["metadata"].get("annotations") or {}).get(
+                    crd.DEFAULT_SNAPSHOT_CLASS_ANNOTATION
+                )
+                == "true",
+            )
+            for item in listed.get("items", [])
+        ]
+
+    return await asyncio.to_thread(call)
+
+
+async def storage_driver(pvc: Any) -> str | None:
+    """The CSI driver (provisioner) of the PVC's StorageClass, or of the default class
+    when the PVC names none; None when the cluster does not say (no StorageClass API, or
+    no such class)."""
+    named = pvc.spec.storage_class_name if pvc is not None and pvc.spec else None
+
+    def call() -> str | None:
+        api = client.StorageV1Api()
+        try:
+            if named:
+                return str(api.read_storage_class(named).provisioner)
+            for item in api.list_storage_class().items:
+                annotations = item.metadata.annotations or {}
+                if annotations.get(crd.DEFAULT_STORAGE_CLASS_ANNOTATION) == "true":
+                    return str(item.provisioner)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return None
+
+    return await asyncio.to_thread(call)
+
+
+async def create_snapshot(
+    namespace: str, name: str, pvc_name: str, class_name: str, labels: dict[str, str]
+) -> None:
+    """Ask for VolumeSnapshot ``name`` of PVC ``pvc_name`` (idempotent: an existing one
+    of that name is kept). It has no owner: a checkpoint outlives its task."""
+    body = {
+        "apiVersion": crd.SNAPSHOT_API_VERSION,
+        "kind": crd.SNAPSHOT_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "volumeSnapshotClassName": class_name,
+            "source": {"persistentVolumeClaimName": pvc_name},
+        },
+    }
+
+    def call() -> None:
+        try:
+            client.CustomObjectsApi().create_namespaced_custom_object(
+                crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, body
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    await asyncio.to_thread(call)
+
+
+async def get_snapshot(namespace: str, name: str) -> dict[str, Any] | None:
+    def call() -> dict[str, Any]:
+        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, name
+        )
+        return found
+
+    return await _read(call)
+
+
+async def delete_snapshot(namespace: str, name: str) -> bool:
+    """Delete VolumeSnapshot ``name``; False if there was none."""
+    return await _delete(
+        lambda: client.CustomObjectsApi().delete_namespaced_custom_object(
+            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, name
+        )
+    )
 
 
 async def patch_task_status(namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ idempotency key of each operation (``operation_key``). Names on the wire come fr
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -33,6 +34,7 @@ from orchestrator.operator.crd import (
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
 )
+from worker_agent.contract import says_checkpoint_mismatch
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -393,6 +395,69 @@ def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any
 # ------------------------------------------------------ waiting for the daemon's agents
 
 
+# ----------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class SnapshotClass:
+    """A VolumeSnapshotClass as far as choosing one goes."""
+
+    name: str
+    driver: str
+    default: bool
+
+
+def choose_snapshot_class(classes: Sequence[SnapshotClass], driver: str | None) -> str | None:
+    """The VolumeSnapshotClass for a workspace whose StorageClass provisions with CSI
+    ``driver`` (None: unknown, e.g. no StorageClass API or no default class), or None
+    when none fits: the cluster cannot snapshot that workspace.
+
+    A class of another driver cannot snapshot the volume. Among the fitting ones the
+    default-annotated class wins, then the only one; several and no default is
+    ambiguous, so none is chosen (``DRAIN_SNAPSHOT_CLASS`` names one)."""
+    fitting = [c for c in classes if driver is None or c.driver == driver]
+    defaults = [c for c in fitting if c.default]
+    if len(defaults) == 1:
+        return defaults[0].name
+    if len(fitting) == 1:
+        return fitting[0].name
+    return None
+
+
+class SnapshotProgress(StrEnum):
+    READY = "ready"
+    PENDING = "pending"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    progress: SnapshotProgress
+    error: str | None = None
+    """The snapshotter's ``status.error.message`` while it is not ready."""
+    restore_size: str | None = None
+
+
+def snapshot_state(snapshot: dict[str, Any] | None) -> SnapshotState:
+    """What a VolumeSnapshot object (None: it does not exist) says about its copy."""
+    if snapshot is None or snapshot.get("metadata", {}).get("deletionTimestamp"):
+        return SnapshotState(SnapshotProgress.MISSING)
+    status = snapshot.get("status") or {}
+    error = (status.get("error") or {}).get("message")
+    size = status.get("restoreSize")
+    ready = status.get("readyToUse") is True
+    return SnapshotState(
+        SnapshotProgress.READY if ready else SnapshotProgress.PENDING,
+        None if ready else (str(error) if error else None),
+        None if size is None else str(size),
+    )
+
+
+def snapshot_timed_out(created_at: datetime, now: datetime, timeout_secs: float) -> bool:
+    """Whether a checkpoint recorded at ``created_at`` waited too long for its snapshot."""
+    return (now - created_at).total_seconds() > timeout_secs
+
+
 @dataclass(frozen=True)
 class AgentCounts:
     """What the daemon's latest heartbeat (of the current phase) says about its agents."""
@@ -458,9 +523,9 @@ def resume_outcome(state: OperationState, error: str | None) -> ResumeOutcome:
     resume from; ``error`` on a resumed operation names the agents that did not come
     back."""
     if state is OperationState.FAILED:
-        return ResumeOutcome(
-            False, ConditionChange("Resumed", False, "ResumeFailed", error or "failed")
-        )
+        # A workspace that is not what the checkpoint recorded: nothing was resumed.
+        reason = "CheckpointMismatch" if says_checkpoint_mismatch(error) else "ResumeFailed"
+        return ResumeOutcome(False, ConditionChange("Resumed", False, reason, error or "failed"))
     if state is OperationState.RESUMED and error:
         return ResumeOutcome(False, ConditionChange("Resumed", False, "PartlyResumed", error))
     if state is OperationState.RESUMED:

@@ -27,6 +27,7 @@ from orchestrator.ledger import (
     CheckpointReason,
     Ledger,
     LedgerConflict,
+    LedgerError,
     OperationKind,
     OperationState,
     OperationView,
@@ -656,6 +657,63 @@ class LedgerBehaviour:
         assert ledger.latest_checkpoint("default", "task-a") == a2
         assert ledger.latest_checkpoint("default", "gone") is None
         assert ledger.get_checkpoint("ckpt-unknown") is None
+
+    def test_a_checkpoint_records_its_snapshot_asked_then_ready_and_keeps_the_outcome(
+        self, ledger: Ledger
+    ) -> None:
+        ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.PAUSE).ref
+        assert ledger.get_checkpoint(ref).snapshot is None  # type: ignore[union-attr]
+
+        asked = ledger.record_snapshot(ref, ref)
+        assert asked is not None and asked.snapshot_name == ref and asked.snapshot is None
+        ready_at = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+        ready = ledger.record_snapshot(ref, ref, ready_at=ready_at)
+        assert ready is not None and ready.snapshot == ref and ready.snapshot_ready_at == ready_at
+        # Settled: a later failure report (a slow replica timing out) changes nothing.
+        again = ledger.record_snapshot(ref, ref, error="not ready within 300s")
+        assert again == ready
+        assert ledger.get_checkpoint(ref) == ready
+
+    def test_a_snapshot_failure_is_kept_and_another_name_is_refused(self, ledger: Ledger) -> None:
+        ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.DELETE).ref
+        ledger.record_snapshot(ref, "snap-1")
+        failed = ledger.record_snapshot(ref, "snap-1", error="not ready within 300s")
+        assert failed is not None and failed.snapshot is None
+        assert failed.snapshot_error == "not ready within 300s"
+        later = ledger.record_snapshot(ref, "snap-1", ready_at=datetime.now(UTC))
+        assert later is not None and later.snapshot is None  # failed stays failed
+        with pytest.raises(LedgerError, match="already has snapshot snap-1"):
+            ledger.record_snapshot(ref, "snap-2")
+        assert ledger.record_snapshot("ckpt-unknown", "snap") is None
+
+    def test_a_snapshot_that_could_not_be_asked_for_needs_its_error(self, ledger: Ledger) -> None:
+        ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.DELETE).ref
+        with pytest.raises(ValueError, match="give its error"):
+            ledger.record_snapshot(ref, None)
+        with pytest.raises(ValueError, match="must be a timezone-aware datetime"):
+            ledger.record_snapshot(ref, "snap", ready_at=datetime(2026, 1, 1))
+        failed = ledger.record_snapshot(ref, None, error="no VolumeSnapshotClass x")
+        assert failed is not None and failed.snapshot_name is None
+        assert failed.snapshot_error == "no VolumeSnapshotClass x"
+
+    def test_the_newest_checkpoint_of_a_workspace_pvc_is_the_one_it_holds(
+        self, ledger: Ledger
+    ) -> None:
+        def recorded(key: str, pvc: str, name: str = "task-a") -> str:
+            op = begin(ledger, key=key, name=name)
+            return ledger.record_checkpoint(
+                op.id, [], reason=CheckpointReason.PAUSE, pvc_name=pvc
+            ).ref
+
+        old = recorded("p1", "ws-1")
+        other = recorded("p2", "ws-2")
+        # A task restored onto the retained ws-1 checkpoints it again, under its own name.
+        new = recorded("p3", "ws-1", name="task-b")
+
+        assert ledger.newest_checkpoint_of_pvc("default", "ws-1").ref == new  # type: ignore[union-attr]
+        assert ledger.newest_checkpoint_of_pvc("default", "ws-2").ref == other  # type: ignore[union-attr]
+        assert ledger.newest_checkpoint_of_pvc("other-ns", "ws-1") is None
+        assert old != new
 
     def test_foreign_keys_hold_and_deleting_a_checkpoint_deletes_its_agents(
         self, ledger: Ledger, database: Engine

@@ -32,11 +32,15 @@ from orchestrator.operator.lifecycle import (
     RecoveryHistory,
     ResumeOutcome,
     SandboxApi,
+    SnapshotClass,
+    SnapshotProgress,
+    SnapshotState,
     SpecError,
     TaskSpec,
     Wanted,
     adopts_pause_drain,
     availability,
+    choose_snapshot_class,
     condition,
     decide_delete,
     idle_report,
@@ -50,11 +54,15 @@ from orchestrator.operator.lifecycle import (
     sandbox_suspension_patch,
     sandbox_version_problem,
     should_idle_pause,
+    snapshot_state,
+    snapshot_timed_out,
     status_patch,
     wanted_transition,
 )
+from worker_agent.contract import CHECKPOINT_MISMATCH
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+MISMATCH = f"{CHECKPOINT_MISMATCH}; no agent was resumed: agent-1: it moved on"
 
 
 def spec(**lifecycle: Any) -> TaskSpec:
@@ -491,6 +499,12 @@ CORRUPT = "a2: session.json does not parse"
             ResumeOutcome(False, ConditionChange("Resumed", False, "ResumeFailed", "failed")),
             id="failed-without-a-reason",
         ),
+        pytest.param(
+            OperationState.FAILED, MISMATCH,
+            ResumeOutcome(False, ConditionChange("Resumed", False, "CheckpointMismatch",
+                                                 MISMATCH)),
+            id="the-workspace-is-not-the-checkpoint",
+        ),
         # A wake with no checkpoint to resume from leaves the pause's drain as the last
         # operation: finished, but no resume to judge.
         pytest.param(OperationState.RECORDED, None, ResumeOutcome(still_resuming=False),
@@ -684,3 +698,58 @@ def test_a_sandbox_version_the_cluster_cannot_suspend_through_is_named(
         assert found is None
     else:
         assert found is not None and problem in found
+
+
+# ------------------------------------------------------------------ snapshots
+
+HOSTPATH = SnapshotClass("hostpath-snap", "hostpath.csi.k8s.io", default=False)
+EBS = SnapshotClass("ebs-snap", "ebs.csi.aws.com", default=False)
+EBS_DEFAULT = SnapshotClass("ebs-default", "ebs.csi.aws.com", default=True)
+
+
+@pytest.mark.parametrize(
+    ("classes", "driver", "chosen"),
+    [
+        pytest.param([], "ebs.csi.aws.com", None, id="no-class-at-all"),
+        pytest.param([HOSTPATH], "ebs.csi.aws.com", None, id="only-another-drivers-class"),
+        pytest.param([HOSTPATH, EBS], "ebs.csi.aws.com", "ebs-snap", id="the-drivers-class"),
+        pytest.param([EBS, EBS_DEFAULT], "ebs.csi.aws.com", "ebs-default",
+                     id="the-drivers-default-among-several"),
+        pytest.param([HOSTPATH, EBS], None, None, id="unknown-driver-several-no-default"),
+        pytest.param([HOSTPATH, EBS_DEFAULT], None, "ebs-default",
+                     id="unknown-driver-the-default"),
+        pytest.param([HOSTPATH], None, "hostpath-snap", id="unknown-driver-the-only-class"),
+    ],
+)  # fmt: skip
+def test_the_snapshot_class_fits_the_workspace_drivers(
+    classes: list[SnapshotClass], driver: str | None, chosen: str | None
+) -> None:
+    assert choose_snapshot_class(classes, driver) == chosen
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "state"),
+    [
+        pytest.param(None, SnapshotState(SnapshotProgress.MISSING), id="gone"),
+        pytest.param({"metadata": {"deletionTimestamp": "2026-12-03T10:00:00Z"},
+                      "status": {"readyToUse": True}},
+                     SnapshotState(SnapshotProgress.MISSING), id="being-deleted"),
+        pytest.param({"metadata": {}}, SnapshotState(SnapshotProgress.PENDING), id="no-status"),
+        pytest.param({"metadata": {}, "status": {"readyToUse": False,
+                                                 "error": {"message": "no such PVC"}}},
+                     SnapshotState(SnapshotProgress.PENDING, "no such PVC"), id="an-error"),
+        pytest.param({"metadata": {}, "status": {"readyToUse": True, "restoreSize": "1Gi"}},
+                     SnapshotState(SnapshotProgress.READY, None, "1Gi"), id="ready"),
+        pytest.param({"metadata": {}, "status": {"readyToUse": "true"}},
+                     SnapshotState(SnapshotProgress.PENDING), id="a-string-is-not-ready"),
+    ],
+)  # fmt: skip
+def test_a_volume_snapshot_says_whether_its_copy_is_ready(
+    snapshot: dict[str, Any] | None, state: SnapshotState
+) -> None:
+    assert snapshot_state(snapshot) == state
+
+
+def test_a_snapshot_times_out_only_past_its_timeout() -> None:
+    assert not snapshot_timed_out(NOW, NOW + timedelta(seconds=300), 300)
+    assert snapshot_timed_out(NOW, NOW + timedelta(seconds=300.5), 300)
