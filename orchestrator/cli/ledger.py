@@ -8,15 +8,22 @@ created (exit 1, "run drainctl db upgrade") are explained by ``errors.DrainctlGr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator.cli.errors import Misconfigured, OperationFailed, hide_password
+from orchestrator.cli.operator import kube_options, load_kube
 from orchestrator.cli.output import TASK_REF, emit, json_option
 
 if TYPE_CHECKING:
     from orchestrator.ledger import CheckpointView, Ledger
+    from orchestrator.operator.retention import PruneItem
+
+PRUNE_SCAN_LIMIT = 1_000_000
+"""Checkpoints ``ledger prune`` looks at in one run (all of them, for any real ledger)."""
 
 
 def database_url() -> str:
@@ -45,16 +52,26 @@ def ledger() -> None:
 def _checkpoint_table(checkpoints: list[CheckpointView]) -> str:
     header = (
         f"{'REF':<26} {'TASK':<32} {'REASON':<7} {'AGENTS':>6} {'FORCED':<6} "
-        f"{'VERIFIED':<8} {'WORKSPACE':<9} CREATED"
+        f"{'VERIFIED':<8} {'WORKSPACE':<9} {'SNAPSHOT':<8} CREATED"
     )
     rows = [header]
     for c in checkpoints:
         rows.append(
             f"{c.ref:<26} {c.namespace + '/' + c.name:<32} {c.reason:<7} {len(c.agents):>6} "
             f"{_yes_no(c.forced):<6} {_yes_no(c.verified):<8} "
-            f"{'kept' if c.available else 'GONE':<9} {c.created_at:%Y-%m-%d %H:%M:%S}"
+            f"{'kept' if c.available else 'GONE':<9} {_snapshot_word(c):<8} "
+            f"{c.created_at:%Y-%m-%d %H:%M:%S}"
         )
     return "\n".join(rows)
+
+
+def _snapshot_word(c: CheckpointView) -> str:
+    """ready (restorable into any number of fresh PVCs), failed, pending, or - (none)."""
+    if c.snapshot is not None:
+        return "ready"
+    if c.snapshot_error is not None:
+        return "failed"
+    return "pending" if c.snapshot_name is not None else "-"
 
 
 def _yes_no(flag: bool) -> str:
@@ -70,7 +87,8 @@ def _yes_no(flag: bool) -> str:
 def ledger_ls(task: tuple[str, str] | None, limit: int) -> None:
     """Checkpoints, newest first: forced (taken without a drain) and verified (every
     session's sha256 checked) are separate columns; WORKSPACE is GONE once a restore
-    found the checkpoint's workspace deleted (``ledger show`` says why)."""
+    found the checkpoint's workspace deleted or prune released it (``ledger show`` says
+    why); SNAPSHOT is ready when a VolumeSnapshot of the workspace can be restored."""
     namespace, name = task if task else (None, None)
     checkpoints = open_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
     emit(checkpoints, lambda: _checkpoint_table(checkpoints))
@@ -93,6 +111,11 @@ def ledger_show(ref: str) -> None:
         ]
         if checkpoint.unavailable:
             lines.append(f"  unavailable: {checkpoint.unavailable}")
+        if checkpoint.snapshot_name or checkpoint.snapshot_error:
+            lines.append(
+                f"  snapshot: {checkpoint.snapshot_name or '-'} {_snapshot_word(checkpoint)}"
+                + (f": {checkpoint.snapshot_error}" if checkpoint.snapshot_error else "")
+            )
         for agent in checkpoint.agents:
             lines.append(
                 f"  {agent.agent_id:<20} turns={agent.turns:<5} clean={agent.clean!s:<5} "
@@ -101,6 +124,89 @@ def ledger_show(ref: str) -> None:
         return "\n".join(lines)
 
     emit(checkpoint, human)
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """``30s``, ``2m``, ``1h30m``, or ``7d``, in seconds."""
+
+    name = "duration"
+    _DAYS = re.compile(r"^(\d+)d$")
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        from orchestrator.operator.lifecycle import SpecError, parse_duration
+
+        if isinstance(value, float):
+            return value
+        text = str(value)
+        if days := self._DAYS.match(text):
+            return float(days.group(1)) * 86400
+        try:
+            return parse_duration(text, "older-than")
+        except SpecError:
+            self.fail(f"{text!r} is not a duration like 12h, 7d or 1h30m", param, ctx)
+
+
+def _prune_table(items: list[PruneItem], dry_run: bool) -> str:
+    released = [i for i in items if i.action == "release"]
+    rows = [f"{'REF':<26} {'TASK':<32} {'ACTION':<8} {'SNAPSHOT':<26} WHY"]
+    for i in items:
+        rows.append(f"{i.ref:<26} {i.task:<32} {i.action:<8} {i.snapshot or '-':<26} {i.why}")
+    verb = "would release" if dry_run else "released"
+    rows.append(
+        f"{verb} {len(released)} of {len(items)} checkpoints: "
+        f"{sum(i.snapshot is not None for i in released)} VolumeSnapshots, "
+        f"{sum(i.pvc is not None for i in released)} PVCs"
+        + ("; nothing was changed (--dry-run)" if dry_run else "")
+    )
+    return "\n".join(rows)
+
+
+@ledger.command("prune")
+@click.option(
+    "--keep", default=3, show_default=True, type=click.IntRange(1),
+    help="Checkpoints to keep per task, newest first.",
+)  # fmt: skip
+@click.option(
+    "--older-than", default="0s", show_default=True, type=Duration(),
+    help="Release only checkpoints older than this (e.g. 7d, 12h).",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Print what would be released; change nothing.")
+@kube_options
+@json_option
+def ledger_prune(
+    keep: int, older_than: float, dry_run: bool, kubeconfig: Path | None, context: str | None
+) -> None:
+    """Release old checkpoints: delete their VolumeSnapshots and retained PVCs, and mark
+    them unavailable in the ledger. Per task the newest --keep stay, and so does every
+    checkpoint a live CalibanTask names (status.checkpointRef, spec.resumeFrom); a PVC
+    a live task works on, or a kept checkpoint is on, stays."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from orchestrator.operator.retention import plan_prune, release, what_is_in_use
+
+    ledger_ = open_ledger()
+    load_kube(kubeconfig, context)
+    checkpoints = ledger_.list_checkpoints(limit=PRUNE_SCAN_LIMIT)
+    now = datetime.now(UTC)
+
+    async def run() -> list[PruneItem]:
+        named, held = await what_is_in_use(checkpoints)
+        items = plan_prune(
+            checkpoints, keep=keep, older_than_secs=older_than, now=now,
+            named_by_tasks=named, held_pvcs=held,
+        )  # fmt: skip
+        if not dry_run:
+            await release(ledger_, items, now)
+        return items
+
+    items = asyncio.run(run())
+    emit(
+        {"dry_run": dry_run, "checkpoints": items},
+        lambda: _prune_table(items, dry_run),
+    )
 
 
 @click.group()

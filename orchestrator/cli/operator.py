@@ -47,7 +47,7 @@ def operator_cmd(manage_sandbox: bool, namespaces: tuple[str, ...], log_level: s
     run_operator(namespaces=list(namespaces) or None, manage_sandbox=manage_sandbox)
 
 
-def _kube_options(command: F) -> F:
+def kube_options(command: F) -> F:
     command = click.option(
         "--context",
         default=None,
@@ -59,6 +59,27 @@ def _kube_options(command: F) -> F:
         default=None,
         help="Kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config).",
     )(command)
+
+
+def load_kube(kubeconfig: Path | None, context: str | None) -> None:
+    """Point the Kubernetes client's default configuration, which the operator's own
+    calls (``orchestrator.operator.kube``) use, at in-cluster credentials or the
+    kubeconfig; one attempt per call, so an unreachable API is reported at once."""
+    from kubernetes import client, config
+
+    loaded = False
+    if kubeconfig is None and context is None:
+        with contextlib.suppress(config.ConfigException):
+            config.load_incluster_config()
+            loaded = True
+    if not loaded:
+        # ConfigException (no kubeconfig, unknown context) → exit 2 in errors.py.
+        config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None, context=context
+        )
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = 0
+    client.Configuration.set_default(configuration)
 
 
 def _patch_task(
@@ -100,7 +121,7 @@ def _patch_task(
 
 @click.command("pause")
 @click.argument("task", type=TASK_REF)
-@_kube_options
+@kube_options
 @json_option
 def pause_cmd(task: tuple[str, str], kubeconfig: Path | None, context: str | None) -> None:
     """Pause TASK (NS/NAME): drain, checkpoint, suspend (sets spec.lifecycle.suspend)."""
@@ -110,7 +131,7 @@ def pause_cmd(task: tuple[str, str], kubeconfig: Path | None, context: str | Non
 
 @click.command("wake")
 @click.argument("task", type=TASK_REF)
-@_kube_options
+@kube_options
 @json_option
 def wake_cmd(task: tuple[str, str], kubeconfig: Path | None, context: str | None) -> None:
     """Resume TASK (NS/NAME) from its checkpoint (clears suspend, sets the wake annotation)."""

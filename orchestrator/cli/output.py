@@ -57,6 +57,8 @@ def jsonable(value: Any) -> Any:
         return asdict(value)
     if isinstance(value, list | tuple):
         return [jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {key: jsonable(item) for key, item in value.items()}
     return value
 
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -81,10 +82,11 @@ def test_ledger_ls_shows_forced_and_verified_as_separate_columns(
     assert result.returncode == ExitCode.OK, result.stderr
     header, *rows = result.stdout.splitlines()
     assert header.split() == [
-        "REF", "TASK", "REASON", "AGENTS", "FORCED", "VERIFIED", "WORKSPACE", "CREATED"
+        "REF", "TASK", "REASON", "AGENTS", "FORCED", "VERIFIED", "WORKSPACE", "SNAPSHOT",
+        "CREATED",
     ]  # fmt: skip
     cells = {row.split()[0]: row.split() for row in rows}
-    assert cells[drained][1:7] == ["ns/t", "manual", "1", "no", "yes", "kept"]
+    assert cells[drained][1:8] == ["ns/t", "manual", "1", "no", "yes", "kept", "-"]
     assert cells[forced][1:5] == ["ns/t", "manual", "0", "yes"]
     ledger = Ledger.from_url(url)
     try:
@@ -342,3 +344,25 @@ def test_daemon_side_commands_load_no_orchestrator_machinery(tmp_path: Path) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_ledger_ls_and_show_say_whether_a_checkpoint_has_a_ready_snapshot(
+    ledger_with_checkpoints: tuple[str, str, str],
+) -> None:
+    """Tried: one checkpoint's snapshot ready, the other's failed (never ready in time)."""
+    url, drained, forced = ledger_with_checkpoints
+    ledger = Ledger.from_url(url)
+    try:
+        ledger.record_snapshot(drained, drained, ready_at=datetime.now(UTC))
+        ledger.record_snapshot(forced, forced, error="not ready within 300s")
+    finally:
+        ledger.dispose()
+    env = {"DRAIN_DATABASE_URL": url}
+    listed = drainctl("ledger", "ls", env=env)
+    cells = {row.split()[0]: row.split() for row in listed.stdout.splitlines()[1:]}
+    assert (cells[drained][7], cells[forced][7]) == ("ready", "failed")
+    shown = drainctl("ledger", "show", forced, env=env)
+    assert f"snapshot: {forced} failed: not ready within 300s" in shown.stdout
+    as_json = ok_json(drainctl("ledger", "ls", "--json", env=env))
+    assert isinstance(as_json, list)
+    assert {c["ref"]: c["snapshot_name"] for c in as_json} == {drained: drained, forced: forced}

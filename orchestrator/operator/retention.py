@@ -1,0 +1,149 @@
+"""Checkpoint retention: which checkpoints ``drainctl ledger prune`` releases, and doing it.
+
+A checkpoint holds storage: its VolumeSnapshot, and the retained workspace PVC it shares
+with the other checkpoints of that workspace. Pruning releases both for checkpoints
+nobody can want back, and marks them unavailable in the ledger (the rows stay, so the
+history of every task and the one-checkpoint-per-drain audit still hold).
+
+``plan_prune`` decides, purely: per task, the newest ``keep`` checkpoints stay, and so
+does every checkpoint younger than ``older_than``, every checkpoint a live CalibanTask
+names (``status.checkpointRef``: a suspended task's way back; ``spec.resumeFrom``: a
+restore whose PVC may still be filling from the snapshot), and a PVC is deleted only
+when no kept checkpoint is on it and no live task owns it (a restored task without
+snapshots works on its checkpoint's retained PVC). ``release`` does what a plan says,
+through the same Kubernetes calls the operator makes (``kube``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from orchestrator.ledger import CheckpointView, Ledger
+from orchestrator.operator import crd, kube
+
+
+class PruneAction(StrEnum):
+    RELEASE = "release"
+    KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class PruneItem:
+    ref: str
+    namespace: str
+    task: str
+    created_at: datetime
+    action: PruneAction
+    why: str
+    snapshot: str | None
+    """The VolumeSnapshot released with the checkpoint (or kept with it)."""
+    pvc: str | None
+    """The retained PVC released with the checkpoint; None when it stays or has none."""
+
+
+def plan_prune(
+    checkpoints: Sequence[CheckpointView],
+    *,
+    keep: int,
+    older_than_secs: float,
+    now: datetime,
+    named_by_tasks: Mapping[str, str],
+    held_pvcs: Mapping[tuple[str, str], str],
+) -> list[PruneItem]:
+    """What to do with each available checkpoint, newest first.
+
+    ``named_by_tasks``: checkpoint ref → the live task naming it and how;
+    ``held_pvcs``: (namespace, PVC) → the live task owning it."""
+    live = sorted(
+        (c for c in checkpoints if c.available),
+        key=lambda c: (c.created_at, c.id),
+        reverse=True,
+    )
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    kept: list[tuple[CheckpointView, str]] = []
+    released: list[CheckpointView] = []
+    for checkpoint in live:
+        task = (checkpoint.namespace, checkpoint.task_uid)
+        seen[task] += 1
+        age = (now - checkpoint.created_at).total_seconds()
+        if checkpoint.ref in named_by_tasks:
+            kept.append((checkpoint, named_by_tasks[checkpoint.ref]))
+        elif seen[task] <= keep:
+            kept.append((checkpoint, f"one of its task's newest {keep}"))
+        elif age < older_than_secs:
+            kept.append((checkpoint, f"younger than {older_than_secs:g}s"))
+        else:
+            released.append(checkpoint)
+    kept_pvcs = {(c.namespace, c.pvc_name) for c, _ in kept if c.pvc_name}
+    items = [_item(c, PruneAction.KEEP, why, c.snapshot_name, None) for c, why in kept]
+    for c in released:
+        where = (c.namespace, c.pvc_name or "")
+        if c.pvc_name is None:
+            pvc, why = None, "no retained PVC"
+        elif where in held_pvcs:
+            pvc, why = None, f"PVC {c.pvc_name} kept: the workspace of {held_pvcs[where]}"
+        elif where in kept_pvcs:
+            pvc, why = None, f"PVC {c.pvc_name} kept: a kept checkpoint is on it"
+        else:
+            pvc, why = c.pvc_name, f"PVC {c.pvc_name} released"
+        items.append(_item(c, PruneAction.RELEASE, why, c.snapshot_name, pvc))
+    return sorted(items, key=lambda i: i.created_at, reverse=True)
+
+
+def _item(
+    c: CheckpointView, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
+) -> PruneItem:
+    return PruneItem(
+        ref=c.ref, namespace=c.namespace, task=f"{c.namespace}/{c.name}",
+        created_at=c.created_at, action=action, why=why, snapshot=snapshot, pvc=pvc,
+    )  # fmt: skip
+
+
+async def what_is_in_use(
+    checkpoints: Sequence[CheckpointView],
+) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """From the cluster: the checkpoints live tasks name, and the PVCs they own."""
+    tasks = await kube.list_tasks()
+    named: dict[str, str] = {}
+    uids: dict[str, str] = {}
+    for task in tasks:
+        meta = task["metadata"]
+        who = f"task {meta['namespace']}/{meta['name']}"
+        uids[str(meta.get("uid"))] = who
+        restore = ((task.get("spec") or {}).get("resumeFrom") or {}).get("checkpointRef")
+        current = (task.get("status") or {}).get("checkpointRef")
+        if restore:
+            named[str(restore)] = f"restored by {who} (spec.resumeFrom)"
+        if current:
+            named.setdefault(str(current), f"the checkpoint of {who} (status.checkpointRef)")
+    held: dict[tuple[str, str], str] = {}
+    for namespace, pvc_name in {(c.namespace, c.pvc_name) for c in checkpoints if c.pvc_name}:
+        pvc = await kube.get_pvc(namespace, pvc_name)
+        owners = [] if pvc is None else pvc.metadata.owner_references or []
+        for owner in owners:
+            if owner.kind == crd.KIND and owner.uid in uids:
+                held[(namespace, pvc_name)] = uids[owner.uid]
+    return named, held
+
+
+async def release(ledger: Ledger, items: Sequence[PruneItem], now: datetime) -> None:
+    """Delete what each RELEASE item frees and mark its checkpoint unavailable, saying so.
+    The ledger is written last for each: a run stopped half-way is finished by the next."""
+    for item in items:
+        if item.action is not PruneAction.RELEASE:
+            continue
+        freed = []
+        if item.snapshot is not None:
+            await kube.delete_snapshot(item.namespace, item.snapshot)
+            freed.append(f"VolumeSnapshot {item.snapshot}")
+        if item.pvc is not None:
+            await kube.delete_pvc(item.namespace, item.pvc)
+            freed.append(f"PVC {item.pvc}")
+        what = " and ".join(freed) or "nothing held"
+        ledger.mark_checkpoint_unavailable(
+            item.ref, f"released by drainctl ledger prune at {now:%Y-%m-%dT%H:%M:%SZ} ({what})"
+        )
