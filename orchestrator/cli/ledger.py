@@ -165,8 +165,8 @@ def _prune_table(items: list[PruneItem], dry_run: bool) -> str:
 
 @ledger.command("prune")
 @click.option(
-    "--keep", default=3, show_default=True, type=click.IntRange(1),
-    help="Checkpoints to keep per task, newest first.",
+    "--keep", default=3, show_default=True, type=click.IntRange(0),
+    help="Checkpoints to keep per task, newest first (0: only what live tasks name).",
 )  # fmt: skip
 @click.option(
     "--older-than", default="0s", show_default=True, type=Duration(),

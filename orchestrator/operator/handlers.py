@@ -663,6 +663,14 @@ class Reconciler:
             outcome = resume_outcome(op.state, op.error)
             if outcome.condition is not None:
                 self.apply_condition(outcome.condition)
+                if outcome.condition.reason == "CheckpointMismatch":
+                    # Not recovered either: a recovery would resume what the checkpoint
+                    # does not hold, the very thing the check refused.
+                    if self.status.get("phase") != Phase.FAILED:
+                        kopf.warn(self.body, reason="CheckpointMismatch", message=str(op.error))
+                    self.set_status(agents=0)
+                    self.set_phase(Phase.FAILED, str(op.error))
+                    return
             if outcome.still_resuming:
                 return
         activity = await self.fresh_activity()

@@ -202,8 +202,9 @@ class DeleteAction(StrEnum):
 
 
 NEVER_RAN = frozenset({None, Phase.PENDING, Phase.FAILED})
-"""Phases in which no daemon ever ran for the task: a Failed task failed before it
-provisioned (a bad spec, an unknown checkpoint), so there is nothing to drain."""
+"""Phases in which no agent ever ran for the task: a Failed task failed before it
+provisioned (a bad spec, an unknown checkpoint), or its restore refused the workspace
+before any agent resumed (``CheckpointMismatch``), so there is nothing to drain."""
 
 
 def decide_delete(
