@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import CheckpointView, Ledger
 from orchestrator.testing import DevStackProcess
 from tests.support import wait_until
 from worker_agent import layout
@@ -91,6 +91,64 @@ class DevStack(DevStackProcess):
         agents = layout.agents_dir(self.volume(namespace, pvc))
         return sorted(p for p in agents.iterdir() if p.is_dir()) if agents.is_dir() else []
 
+    def pvc_of(self, name: str, namespace: str = "default") -> str:
+        """The task's workspace PVC, once the operator has provisioned it."""
+        found = wait_until(lambda: self.status(namespace, name).get("pvcName"), 60, "a PVC")
+        return str(found)
+
+    def turns_on_disk(self, pvc: str, namespace: str = "default") -> dict[str, int]:
+        """Completed turns of each agent whose session is on the PVC's volume."""
+        return {d.name: load_session(d).turns for d in self.agent_dirs(namespace, pvc)
+                if layout.session_file(d).exists()}  # fmt: skip
+
+    def wait_turns(self, pvc: str, count: int, at_least: int, namespace: str = "default") -> None:
+        def enough() -> bool:
+            turns = self.turns_on_disk(pvc, namespace)
+            return len(turns) == count and all(t >= at_least for t in turns.values())
+
+        wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
+
+    def daemon_pids(self, pvc: str, namespace: str = "default") -> list[int]:
+        """The stack's processes serving ``pvc``'s volume as their store (the daemon, and
+        the pod's reaper, which carries its argv)."""
+        import psutil
+
+        from worker_agent.children import descendants
+
+        volume = str(self.volume(namespace, pvc))
+        found = []
+        for pid in descendants(self.pid):
+            try:
+                argv = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            if "--store" in argv and argv[argv.index("--store") + 1] == volume:
+                found.append(pid)
+        return found
+
+    def events_of(self, name: str, namespace: str = "default") -> list[dict[str, str]]:
+        listed = self.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+        return [
+            {"type": e.get("type", ""), "reason": e.get("reason", ""),
+             "message": e.get("message", "")}
+            for e in json.loads(listed)["items"]
+            if e.get("involvedObject", {}).get("name") == name
+        ]  # fmt: skip
+
+    def snapshot(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        got = self.kubectl("get", "volumesnapshot", name, "-n", namespace, "-o", "json",
+                           check=False)  # fmt: skip
+        if got.returncode != 0:
+            return None
+        found: dict[str, Any] = json.loads(got.stdout)
+        return found
+
+    def snapshot_copy(self, name: str, namespace: str = "default") -> Path:
+        """Where the stand-in CSI driver keeps VolumeSnapshot ``name``'s copy."""
+        snapshot = self.snapshot(name, namespace)
+        assert snapshot is not None, f"no VolumeSnapshot {namespace}/{name}"
+        return self.state / "sandboxes" / "snapshots" / str(snapshot["metadata"]["uid"])
+
     def operator_pid(self) -> int | None:
         import psutil
 
@@ -120,6 +178,7 @@ class DevStack(DevStackProcess):
         resumed = {op.checkpoint_ref for op in ops if op.checkpoint_ref and not
                    op.kind.records_checkpoint}  # fmt: skip
         checkpoints = self.ledger.list_checkpoints(limit=1000)  # newest first
+        found += self.snapshot_contradictions(checkpoints)
         newest_of_pvc: dict[tuple[str, str | None], str] = {}
         for checkpoint in checkpoints:
             newest_of_pvc.setdefault((checkpoint.namespace, checkpoint.pvc_name), checkpoint.ref)
@@ -142,6 +201,32 @@ class DevStack(DevStackProcess):
                     found.append(
                         f"checkpoint {checkpoint.ref} agent {agent.agent_id} records "
                         f"{agent.turns} turns, its workspace holds {session.turns}"
+                    )
+        return found
+
+    def snapshot_contradictions(self, checkpoints: list[CheckpointView]) -> list[str]:
+        """A checkpoint the ledger says has a ready snapshot must have one, holding
+        exactly the turns and sha256 it recorded, whatever ran since: a snapshot is
+        immutable."""
+        found = []
+        for checkpoint in checkpoints:
+            if checkpoint.snapshot is None or not checkpoint.available:
+                continue
+            if self.snapshot(checkpoint.snapshot, checkpoint.namespace) is None:
+                found.append(f"checkpoint {checkpoint.ref}: VolumeSnapshot "
+                             f"{checkpoint.snapshot} is gone")  # fmt: skip
+                continue
+            copy = self.snapshot_copy(checkpoint.snapshot, checkpoint.namespace)
+            for agent in checkpoint.agents:
+                try:
+                    session = load_session(copy / agent.session_dir)
+                except (OSError, SessionError) as exc:
+                    found.append(f"checkpoint {checkpoint.ref} snapshot: {exc}")
+                    continue
+                if (session.turns, session.sha256) != (agent.turns, agent.session_sha256):
+                    found.append(
+                        f"checkpoint {checkpoint.ref} agent {agent.agent_id} records "
+                        f"{agent.turns} turns, its snapshot holds {session.turns}"
                     )
         return found
 

@@ -189,3 +189,46 @@ def test_unreachable_daemon_socket_is_one_line(tmp_path: Path) -> None:
     """Tried: agents --socket S ls --json where nothing listens on S."""
     result = drainctl("agents", "--socket", str(tmp_path / "none.sock"), "ls", "--json")
     assert_one_line_error(result, ExitCode.UNREACHABLE, "cannot connect to the daemon")
+
+
+def test_ledger_prune_with_an_unreachable_kubernetes_api_is_one_line_and_changes_nothing(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    """Tried: ledger prune --keep 0 --kubeconfig K (K's server a closed local port) on a
+    ledger with one checkpoint: nothing may be marked released when nothing was."""
+    from orchestrator.ledger import CheckpointReason, Ledger, OperationKind
+
+    ledger = Ledger.from_url(ledger_url)
+    try:
+        op = ledger.begin_operation(OperationKind.DRAIN, task_uid="u", namespace="ns",
+                                    name="t", idempotency_key="k")  # fmt: skip
+        ref = ledger.record_checkpoint(op.id, [], reason=CheckpointReason.MANUAL).ref
+        port = free_port()
+        kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
+        result = drainctl("ledger", "prune", "--keep", "0", "--kubeconfig", str(kubeconfig),
+                          env={"DRAIN_DATABASE_URL": ledger_url}, timeout=60)  # fmt: skip
+        assert_one_line_error(
+            result, ExitCode.UNREACHABLE, "cannot reach the Kubernetes API", f"127.0.0.1:{port}"
+        )
+        assert ledger.get_checkpoint(ref).available  # type: ignore[union-attr]
+    finally:
+        ledger.dispose()
+
+
+@pytest.mark.parametrize("older_than", ["banana", "7 days", "-1d", "1w"])
+def test_ledger_prune_with_a_bad_duration_is_a_usage_error(
+    ledger_url: str, older_than: str
+) -> None:
+    """Tried: ledger prune --older-than with what is not a duration like 12h or 7d."""
+    result = drainctl("ledger", "prune", "--older-than", older_than,
+                      env={"DRAIN_DATABASE_URL": ledger_url})  # fmt: skip
+    assert result.returncode == ExitCode.USAGE
+    assert "is not a duration like 12h, 7d or 1h30m" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_ledger_prune_without_kubeconfig_is_one_line(tmp_path: Path, ledger_url: str) -> None:
+    """Tried: ledger prune outside a pod with KUBECONFIG naming a file that does not exist."""
+    result = drainctl("ledger", "prune", env={"DRAIN_DATABASE_URL": ledger_url,
+                                              "KUBECONFIG": str(tmp_path / "absent")})  # fmt: skip
+    assert_one_line_error(result, ExitCode.USAGE, "no usable Kubernetes configuration")
