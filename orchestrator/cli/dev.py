@@ -48,6 +48,15 @@ def dev() -> None:
     help="Start with an empty Kubernetes API: discard the objects saved in the state dir "
     "(the ledger and the volumes stay).",
 )
+@click.option(
+    "--snapshots/--no-snapshots",
+    default=True,
+    show_default=True,
+    help="Serve CSI volume snapshots (snapshot.storage.k8s.io: the VolumeSnapshot CRDs, a "
+    "default VolumeSnapshotClass and a stand-in CSI driver that copies volumes), as a "
+    "cluster with CSI snapshot support does. --no-snapshots: a cluster without them "
+    "(snapshot CRDs saved in the state dir are removed, their objects with them).",
+)
 @log_level_option
 def dev_up(
     kubeconfig: Path,
@@ -55,6 +64,7 @@ def dev_up(
     port: int,
     sandbox_storage: str,
     fresh: bool,
+    snapshots: bool,
     log_level: str,
 ) -> None:
     """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker.
@@ -68,7 +78,7 @@ def dev_up(
         asyncio.run(
             run_dev_up(
                 kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
-                sandbox_storage=sandbox_storage, fresh=fresh,
+                sandbox_storage=sandbox_storage, fresh=fresh, snapshots=snapshots,
             )
         )  # fmt: skip
     except DevClusterError as exc:
@@ -94,7 +104,8 @@ def dev_up(
     "crd_files",
     multiple=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A CRD file to serve from the start (default: the CRDs the package ships).",
+    help="A CRD file to serve from the start (default: the CRDs the package ships, with "
+    "the CSI volume snapshot ones; no snapshot driver runs here, so snapshots stay unready).",
 )
 @log_level_option
 def dev_cluster(port: int, kubeconfig: Path, crd_files: tuple[Path, ...], log_level: str) -> None:

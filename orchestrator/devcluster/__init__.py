@@ -8,10 +8,13 @@
 that outlives the process (``drainctl dev up``'s state dir); ``resources``: what is served;
   ``discovery``, ``schema``, ``patching``, ``selectors``, ``tables``, ``protobuf``: the
   pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
-- ``sandbox_controller``: a local stand-in for the agent-sandbox controller; ``up``:
+- ``sandbox_controller``: a local stand-in for the agent-sandbox controller, and ``csi``
+  the stand-in CSI driver and snapshotter it runs (PVCs, VolumeSnapshots and restores as
+  directories: :data:`DEV_CSI_DRIVER`, the class :data:`DEV_SNAPSHOT_CLASS`); ``up``:
   ``drainctl dev up``, the whole stack around this API, serving the CRDs shipped as
-  package data (``orchestrator/operator/crds/``, and the stand-in Sandbox CRD in
-  ``crds/`` here).
+  package data (``orchestrator/operator/crds/``, the stand-in Sandbox CRD in ``crds/``
+  here, and the external-snapshotter's CRDs in ``crds/snapshots/`` unless
+  ``--no-snapshots``).
 
 Installed with the ``dev`` extra (``pip install 'caliban-drain[dev]'``: kmock, aiohttp,
 jsonpatch, jsonpointer, attrs, PyYAML); no runtime process needs it. It may import the
@@ -27,9 +30,12 @@ from orchestrator.devcluster.apiserver import (
     run_dev_cluster,
     serve_dev_cluster,
 )
+from orchestrator.devcluster.csi import DEV_CSI_DRIVER, DEV_SNAPSHOT_CLASS
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
 
 __all__ = [
+    "DEV_CSI_DRIVER",
+    "DEV_SNAPSHOT_CLASS",
     "DevClusterError",
     "EmbeddedApiServer",
     "load_crds",

@@ -154,11 +154,14 @@ class StateSaver:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), self.interval)
+            # Read before the save: a close that comes while a save writes may follow
+            # changes that save did not encode, so it gets one more round.
+            last = self._closing.is_set()
             try:
                 await self.save_if_changed()
             except OSError as exc:  # a full disk must not stop the API; the next try may pass
                 log.error("api_state_save_failed path=%s error=%s", self.path, exc)
-            if self._closing.is_set():
+            if last:
                 return
 
     async def save_if_changed(self) -> None:

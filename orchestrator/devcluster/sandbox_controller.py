@@ -19,6 +19,15 @@ one real process per running Sandbox:
   whole tree is killed after its ``terminationGracePeriodSeconds``;
 - a PVC directory is removed only when the PVC object is gone.
 
+It also plays the cluster's CSI driver and external-snapshotter (``csi``, called at the
+start of every poll): a VolumeSnapshot of a PVC whose class is the stand-in driver's
+(``dev.caliban-drain.io/hostpath``, the class ``drainctl dev up`` creates) becomes a
+copy of the PVC's directory under ``<state>/snapshots/<snapshot uid>``, taken atomically
+and never changed again, with its VolumeSnapshotContent and ``readyToUse: true``; a PVC
+whose ``dataSource`` is such a snapshot gets a copy of it as its directory, and a pod that
+mounts that PVC is not started (it waits, like a Pending pod) until the copy is in
+place; a snapshot deleted takes its copy with it.
+
 It polls (every ``interval``) instead of watching: a level-triggered loop that converges
 whatever it missed, which is all a stand-in needs.
 """
@@ -39,6 +48,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from orchestrator.devcluster import csi
 from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
 from worker_agent import reaper
 from worker_agent.children import dying_with_this_process
@@ -74,9 +84,11 @@ class SandboxController:
         self.env = env or {}
         self.pods: dict[str, Pod] = {}
         self.stopping = asyncio.Event()
+        self.driver = csi.HostPathDriver(state_dir)
+        self._waiting: dict[str, str] = {}  # Sandbox uid → why its pod waits, logged once
 
     def volume_dir(self, namespace: str, claim: str) -> Path:
-        return self.state_dir / "volumes" / namespace / claim
+        return csi.volume_dir(self.state_dir, namespace, claim)
 
     def empty_dir(self, sandbox_uid: str, volume: str) -> Path:
         # Per pod, like an emptyDir: a re-created Sandbox never shares its old socket dir.
@@ -96,6 +108,10 @@ class SandboxController:
             await asyncio.gather(*(self.stop_pod(key) for key in list(self.pods)))
 
     async def converge(self) -> None:
+        try:
+            await asyncio.to_thread(self.driver.converge)
+        except Exception:  # volumes and snapshots must not hold up the pods' lifecycle
+            log.exception("csi_driver_poll_failed")
         wanted: dict[str, tuple[str, dict[str, Any]]] = {}
         # Every version serves the same stored objects (there is no conversion webhook),
         # so each is read through the storage version only, as the real controller does.
@@ -117,6 +133,8 @@ class SandboxController:
         for key, (_, sandbox) in wanted.items():
             if key not in self.pods:
                 await self.start_pod(key, sandbox)
+        for key in set(self._waiting) - set(wanted):
+            del self._waiting[key]
         await self.collect_volumes()
 
     @staticmethod
@@ -154,19 +172,29 @@ class SandboxController:
             log.warning("sandbox_without_container sandbox=%s", key)
             return
         container = containers[0]
-        mounts: dict[str, Path] = {}
-        claims: set[tuple[str, str]] = set()
         volumes = {v["name"]: v for v in pod_spec.get("volumes", []) if "name" in v}
+        mounted: dict[str, tuple[str, str | None]] = {}  # mountPath → (volume, its PVC)
         for mount in container.get("volumeMounts", []):
             volume = volumes.get(mount.get("name"), {})
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            if claim:
-                claims.add((namespace, claim))
-                local = self.volume_dir(namespace, claim)
-            else:
-                local = self.empty_dir(key, mount["name"])
+            mounted[mount["mountPath"]] = (mount["name"], claim)
+        claims = {(namespace, claim) for _, claim in mounted.values() if claim}
+        for _, claim in sorted(claims):
+            blocker = await asyncio.to_thread(self.driver.mount_blocker, namespace, claim)
+            if blocker is not None:
+                if self._waiting.get(key) != blocker:
+                    self._waiting[key] = blocker
+                    log.info(
+                        "sandbox_pod_waiting sandbox=%s/%s pvc=%s reason=%r",
+                        namespace, name, claim, blocker,
+                    )  # fmt: skip
+                return  # like a Pending pod: tried again on the next poll
+        self._waiting.pop(key, None)
+        mounts: dict[str, Path] = {}
+        for mount_path, (volume_name, claim) in mounted.items():
+            local = self.volume_dir(namespace, claim) if claim else self.empty_dir(key, volume_name)
             local.mkdir(parents=True, exist_ok=True)
-            mounts[mount["mountPath"]] = local
+            mounts[mount_path] = local
         argv = [*container.get("command", []), *container.get("args", [])]
         argv = [self._localize(arg, mounts) for arg in argv]
         if argv and argv[0] == "drainctl":
@@ -217,10 +245,10 @@ class SandboxController:
         self.pods.pop(key, None)
 
     async def collect_volumes(self) -> None:
-        root = self.state_dir / "volumes"
+        root = self.state_dir / csi.VOLUMES_DIR
         if not root.is_dir():
             return
-        claims = await asyncio.to_thread(self._list_claims)
+        claims = set(await asyncio.to_thread(csi.list_claims))
         for pod in self.pods.values():  # a volume in use stays, like a PVC protected by a pod
             claims |= pod.claims
         for namespace_dir in root.iterdir():
@@ -228,8 +256,3 @@ class SandboxController:
                 if (namespace_dir.name, claim_dir.name) not in claims:
                     log.info("volume_released pvc=%s/%s", namespace_dir.name, claim_dir.name)
                     shutil.rmtree(claim_dir, ignore_errors=True)
-
-    @staticmethod
-    def _list_claims() -> set[tuple[str, str]]:
-        listed = client.CoreV1Api().list_persistent_volume_claim_for_all_namespaces()
-        return {(p.metadata.namespace, p.metadata.name) for p in listed.items}

@@ -8,6 +8,12 @@ the operator (child processes, restarted if they die), and the stand-in Sandbox
 controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
 (``orchestrator.devcluster.broker``: fakeredis's Redis-protocol server, a child
 process on a free port).
+Unless ``--no-snapshots``, the API also serves the CSI snapshot CRDs
+(:data:`SNAPSHOT_CRDS`) and holds the default VolumeSnapshotClass, the stand-in CSI
+driver's (``csi``, run by the stand-in controller), so the operator snapshots and
+restores workspaces as on a cluster with CSI snapshots. With ``--no-snapshots`` it is a
+cluster without them: snapshot CRDs restored from the state dir are deleted, their
+objects with them, as uninstalling them would.
 The API's objects are saved in ``<state-dir>/api-state.json`` (``persistence``) and
 restored by the next ``dev up`` on the same state dir, as a real cluster's etcd outlives
 its API server; ``--fresh`` starts with an empty API instead. A state file that cannot be
@@ -24,23 +30,36 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from kubernetes import client
 from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
 
-from orchestrator.devcluster import broker
+from orchestrator.devcluster import broker, csi
 from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
-from orchestrator.devcluster.kubeconfig import write_kubeconfig
+from orchestrator.devcluster.kubeconfig import kubeconfig_document, write_kubeconfig
 from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
 from orchestrator.devcluster.sandbox_controller import SandboxController
 from orchestrator.ledger.migrate import upgrade
-from orchestrator.operator.crd import SANDBOX_CRD
+from orchestrator.operator.crd import (
+    SANDBOX_CRD,
+    SNAPSHOT_CLASS_PLURAL,
+    SNAPSHOT_CONTENT_PLURAL,
+    SNAPSHOT_GROUP,
+    SNAPSHOT_PLURAL,
+)
 from worker_agent.children import KeptProcess
 
 log = logging.getLogger(__name__)
+
+SANDBOXES_DIR: Final = "sandboxes"
+"""The stand-in Sandbox controller's dir in the state dir: volumes, snapshot copies (the
+layout below it is ``csi``'s), pods' logs and emptyDirs."""
 
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
@@ -52,14 +71,44 @@ installed wheel finds them wherever it runs; ``deploy/crds/`` holds byte-identic
 for ``kubectl apply -f`` and kustomize (which refuses symlinks out of its root), and
 ``tests/integration/test_packaging.py`` keeps them identical."""
 
+SNAPSHOT_CRDS: Final = tuple(
+    ("orchestrator.devcluster", f"crds/snapshots/{SNAPSHOT_GROUP}_{plural}.yaml")
+    for plural in (SNAPSHOT_PLURAL, SNAPSHOT_CLASS_PLURAL, SNAPSHOT_CONTENT_PLURAL)
+)
+"""The external-snapshotter's CRDs (VolumeSnapshot, -Class, -Content), copied byte for
+byte (``crds/snapshots/README.md`` says from where). Served by the dev stack unless
+``--no-snapshots``; never in ``deploy/crds/``, since on a cluster its CSI distribution
+installs them, not this project."""
 
-def packaged_crds() -> list[dict[str, Any]]:
-    """The CRD documents of :data:`PACKAGED_CRDS`, read with ``importlib.resources``."""
+
+def packaged_crds(*, snapshots: bool = True) -> list[dict[str, Any]]:
+    """The CRD documents of :data:`PACKAGED_CRDS` and (``snapshots``) of
+    :data:`SNAPSHOT_CRDS`, read with ``importlib.resources``."""
+    return _read_crds((*PACKAGED_CRDS, *(SNAPSHOT_CRDS if snapshots else ())))
+
+
+def _read_crds(sources: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = []
-    for package, name in PACKAGED_CRDS:
+    for package, name in sources:
         text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
         documents.extend(d for d in yaml.safe_load_all(text) if d)
     return load_crds(documents)
+
+
+def withdraw_snapshot_crds() -> list[str]:
+    """Delete the snapshot CRDs (and with them their objects) where the API serves them,
+    as uninstalling them from a cluster would; the names of those it deleted."""
+    deleted = []
+    for crd in _read_crds(SNAPSHOT_CRDS):
+        name = str(crd["metadata"]["name"])
+        try:
+            client.ApiextensionsV1Api().delete_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        deleted.append(name)
+    return deleted
 
 
 def stack_environment(
@@ -83,14 +132,15 @@ def stack_environment(
     return env
 
 
-def stack_crds(sandbox_storage: str) -> list[dict[str, Any]]:
-    """The packaged CRDs, with the Sandbox stored as ``sandbox_storage``.
+def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str, Any]]:
+    """The packaged CRDs (the snapshot ones only with ``snapshots``), with the Sandbox
+    stored as ``sandbox_storage``.
 
     Without a conversion webhook each Sandbox keeps only the fields of the version it
     is stored as (``replicas`` on v1alpha1, ``operatingMode`` on v1beta1), as on a real
     cluster; the dev stack lets a user pick which one the cluster has.
     """
-    crds = packaged_crds()
+    crds = packaged_crds(snapshots=snapshots)
     for crd in crds:
         if crd["metadata"]["name"] != SANDBOX_CRD:
             continue
@@ -109,8 +159,10 @@ async def run_dev_up(
     port: int,
     sandbox_storage: str = "v1alpha1",
     fresh: bool = False,
+    snapshots: bool = True,
 ) -> None:
-    """Run the stack until SIGTERM/SIGINT; both paths must be absolute. Raises
+    """Run the stack until SIGTERM/SIGINT; both paths must be absolute; ``snapshots``:
+    serve CSI volume snapshots (see the module). Raises
     :class:`DevClusterError` for what the user can fix (a state file that cannot be
     restored, a port in use)."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +190,8 @@ async def run_dev_up(
             raise
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
-    api = EmbeddedApiServer(port=port, crds=stack_crds(sandbox_storage), state_file=api_state)
+    crds = stack_crds(sandbox_storage, snapshots=snapshots)
+    api = EmbeddedApiServer(port=port, crds=crds, state_file=api_state)
     try:
         await api.start()
     except StateFileError as exc:
@@ -151,14 +204,24 @@ async def run_dev_up(
             "volumes in the state dir are kept)"
         ) from None
     try:
+        # The cluster is made what it should be before the kubeconfig appears (clients,
+        # and DevStackProcess, wait for it), so nothing sees it half way.
+        kube_config.load_kube_config_from_dict(kubeconfig_document(api.url))
+        if snapshots:
+            if await asyncio.to_thread(csi.ensure_snapshot_class):
+                log.info("snapshot_class_created name=%s driver=%s", csi.DEV_SNAPSHOT_CLASS,
+                         csi.DEV_CSI_DRIVER)  # fmt: skip
+        else:
+            for name in await asyncio.to_thread(withdraw_snapshot_crds):
+                log.warning("crd_removed name=%s reason=--no-snapshots (its objects with it)",
+                            name)  # fmt: skip
         write_kubeconfig(kubeconfig, api.url)
-        kube_config.load_kube_config(config_file=str(kubeconfig))
         cli = [sys.executable, "-m", "orchestrator.cli"]
         worker = KeptProcess("orchestrator worker", [*cli, "worker"], env, logs / "worker.log")
         operator = KeptProcess(
             "operator", [*cli, "operator", "--manage-sandbox"], env, logs / "operator.log"
         )
-        controller = SandboxController(state_dir / "sandboxes", env=env)
+        controller = SandboxController(state_dir / SANDBOXES_DIR, env=env)
         worker.start()
         operator.start()
         controller_task = asyncio.get_running_loop().create_task(controller.run())
@@ -166,12 +229,19 @@ async def run_dev_up(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        snapshot_line = (
+            f"VolumeSnapshotClass {csi.DEV_SNAPSHOT_CLASS} (the default); snapshot copies in "
+            f"{state_dir / SANDBOXES_DIR / csi.SNAPSHOTS_DIR}"
+            if snapshots
+            else "no CSI volume snapshots (--no-snapshots)"
+        )
         print(
             f"caliban-drain dev stack up\n"
             f"  kubectl --kubeconfig {kubeconfig} get ctask -A\n"
             f"  Kubernetes API {api.url}; ledger {env['DRAIN_DATABASE_URL']}; "
             f"broker {env['DRAIN_BROKER_URL']}\n"
-            f"  logs in {logs}; volumes in {state_dir / 'sandboxes' / 'volumes'}",
+            f"  logs in {logs}; volumes in {state_dir / SANDBOXES_DIR / csi.VOLUMES_DIR}\n"
+            f"  {snapshot_line}",
             flush=True,
         )
         try:

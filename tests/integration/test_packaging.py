@@ -45,6 +45,19 @@ PACKAGED_CRDS = {
     "sandbox.yaml": "orchestrator/devcluster/crds/sandbox.yaml",
 }
 """``deploy/crds/<file>`` → the packaged CRD it copies."""
+SNAPSHOT_PACKAGE_DATA = tuple(
+    f"orchestrator/devcluster/crds/snapshots/{name}"
+    for name in (
+        "snapshot.storage.k8s.io_volumesnapshots.yaml",
+        "snapshot.storage.k8s.io_volumesnapshotclasses.yaml",
+        "snapshot.storage.k8s.io_volumesnapshotcontents.yaml",
+        "README.md",
+        "LICENSE",
+    )
+)
+"""The external-snapshotter's CRDs the dev stack serves, with where they come from and
+their licence: package data, but never in ``deploy/crds/`` (a cluster's CSI distribution
+installs them)."""
 
 BLOCKED = ("kopf", "flower", "kmock", "sqlalchemy")
 
@@ -115,7 +128,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_carries_the_crds_and_the_migrations(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for packaged in PACKAGED_CRDS.values():
+        for packaged in (*PACKAGED_CRDS.values(), *SNAPSHOT_PACKAGE_DATA):
             assert packaged in names
             assert archive.read(packaged) == (REPO / packaged).read_bytes()
     assert {"migrations/env.py", "migrations/script.py.mako"} <= names
@@ -170,7 +183,12 @@ def _assert_serves_the_crds(
 SERVED_CRDS = (
     "customresourcedefinition.apiextensions.k8s.io/calibantasks.caliban.caliban-ai.dev",
     "customresourcedefinition.apiextensions.k8s.io/sandboxes.agents.x-k8s.io",
+    "customresourcedefinition.apiextensions.k8s.io/volumesnapshots.snapshot.storage.k8s.io",
+    "customresourcedefinition.apiextensions.k8s.io/volumesnapshotclasses.snapshot.storage.k8s.io",
+    "customresourcedefinition.apiextensions.k8s.io/volumesnapshotcontents.snapshot.storage.k8s.io",
 )
+"""What ``dev cluster`` and ``dev up`` serve by default: the packaged CRDs and the
+snapshot ones."""
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
