@@ -273,14 +273,17 @@ def assert_failed_without_starting(
 def test_a_restore_whose_workspace_pvc_is_gone_fails_and_the_ledger_says_so(
     stack: DevStack,
 ) -> None:
-    """Tried: the checkpoint's retained PVC deleted by hand, then a restore of it."""
+    """Tried: the checkpoint's VolumeSnapshot and its retained PVC deleted by hand, then
+    a restore of it."""
     ref, pvc = deleted_with_checkpoint(stack, "lost-workspace")
+    stack.kubectl("delete", "volumesnapshot", ref, timeout=60)
     stack.kubectl("delete", "pvc", pvc, timeout=60)
     assert stack.apply(restoring("lost-workspace-again", ref)).returncode == 0
 
     status = assert_failed_without_starting(
         stack, "lost-workspace-again", "default", "CheckpointWorkspaceGone"
     )
+    assert f"its VolumeSnapshot {ref} no longer exists" in str(status["message"])
     assert f"PVC default/{pvc} no longer exists" in str(status["message"])
     assert stack.kubectl("get", "pvc", pvc, check=False).returncode != 0  # not re-created
     checkpoint = stack.ledger.get_checkpoint(ref)
@@ -297,12 +300,13 @@ def test_a_restore_whose_workspace_pvc_is_gone_fails_and_the_ledger_says_so(
 def test_a_restored_task_runs_its_own_model_not_the_checkpoints(stack: DevStack) -> None:
     """Tried: a checkpoint of an agent on one model, restored by a task whose
     ``spec.task.model`` names another."""
-    ref, pvc = deleted_with_checkpoint(stack, "first-model")
-    saved = turns_on_disk(stack, pvc)
+    ref, old_pvc = deleted_with_checkpoint(stack, "first-model")
+    saved = turns_on_disk(stack, old_pvc)
     manifest = restoring("second-model", ref)
     manifest["spec"]["task"]["model"] = "turns=100000,turn_ms=60"  # type: ignore[index]
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", "second-model", "Running")
+    pvc = pvc_of(stack, "second-model")  # its own copy of the checkpoint's workspace
     wait_until(
         lambda: all(turns_on_disk(stack, pvc).get(a, 0) > t for a, t in saved.items()),
         60,

@@ -84,14 +84,22 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     restored["spec"]["resumeFrom"] = {"checkpointRef": checkpoint.ref}
     assert stack.apply(restored).returncode == 0
     stack.wait_phase("default", "story-again", "Running")
+    # Restored into a fresh PVC of its own, filled from the checkpoint's VolumeSnapshot.
+    restored_pvc = pvc_of(stack, "default", "story-again")
+    assert restored_pvc != pvc
+    assert checkpoint.ref in stack.kubectl("get", "pvc", restored_pvc, "-o",
+                                           "jsonpath={.spec.dataSource.name}").stdout  # fmt: skip
     saved = {a.agent_id: a.turns for a in checkpoint.agents}
     wait_until(
-        lambda: all(turns_on_disk(stack, "default", pvc).get(i, 0) > t for i, t in saved.items()),
+        lambda: all(
+            turns_on_disk(stack, "default", restored_pvc).get(i, 0) > t for i, t in saved.items()
+        ),
         90,
         "restored agents to do new turns",
     )
+    assert turns_on_disk(stack, "default", pvc) == on_disk  # the retained PVC is untouched
     for agent in checkpoint.agents:
-        directory = stack.volume("default", pvc) / agent.session_dir
+        directory = stack.volume("default", restored_pvc) / agent.session_dir
         user_turns = [m["turn"] for m in load_session(directory).messages if m["role"] == "user"]
         assert user_turns[: agent.turns + 1] == list(range(1, agent.turns + 2))
     stack.kubectl("delete", "ctask", "story-again", timeout=120)
