@@ -59,6 +59,13 @@ KILL_TREE_SECS = 10.0
 """How long a pod's reaper has to kill its tree before it is SIGKILLed itself."""
 
 
+MERGE_PATCH = "application/merge-patch+json"
+POD_LABEL = "dev.caliban-drain.io/stand-in-pod"
+"""On the Pod objects this controller keeps in the API for its processes."""
+POD_FINALIZER = "dev.caliban-drain.io/process"
+"""Holds a Pod object while its process runs: a deleted pod is Terminating until then."""
+
+
 @dataclass
 class Pod:
     key: str
@@ -66,6 +73,40 @@ class Pod:
     grace_secs: float
     claims: set[tuple[str, str]]
     stopping: bool = False
+    manifest: dict[str, Any] | None = None
+    """The Pod object shown in the API while the process lives."""
+
+
+def pod_manifest(sandbox: dict[str, Any], pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The Pod object a Sandbox's process is shown as, as the real controller's pod is:
+    owned by the Sandbox (so it is garbage-collected with it), with the pod template's
+    labels and volumes, and a finalizer this controller removes once the process has
+    exited, so a pod whose Sandbox is gone stays Terminating while its process drains.
+    Who mounts a PVC is read from these, as on a cluster."""
+    meta = sandbox["metadata"]
+    template = (sandbox.get("spec") or {}).get("podTemplate") or {}
+    labels = {**((template.get("metadata") or {}).get("labels") or {}), POD_LABEL: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            # A re-created Sandbox of the same name gets another pod, as a real one does.
+            "name": f"{meta['name'][:240]}-{str(meta['uid'])[:5]}",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "finalizers": [POD_FINALIZER],
+            "ownerReferences": [{
+                "apiVersion": sandbox["apiVersion"], "kind": sandbox.get("kind", "Sandbox"),
+                "name": meta["name"], "uid": meta["uid"], "controller": True,
+                "blockOwnerDeletion": True,
+            }],
+        },
+        "spec": {
+            "containers": [{"name": c.get("name", "main"), "image": c.get("image", "")}
+                           for c in pod_spec.get("containers") or []],
+            "volumes": pod_spec.get("volumes") or [],
+        },
+    }  # fmt: skip
 
 
 def should_run(version: str, sandbox: dict[str, Any]) -> bool:
@@ -136,6 +177,8 @@ class SandboxController:
         for key in set(self._waiting) - set(wanted):
             del self._waiting[key]
         await self.collect_volumes()
+        await asyncio.to_thread(self.sync_pod_objects, [p.manifest for p in self.pods.values()
+                                                        if p.manifest is not None])  # fmt: skip
 
     @staticmethod
     def _storage_version() -> str | None:
@@ -212,7 +255,8 @@ class SandboxController:
                 preexec_fn=dying_with_this_process(reaper.KILL_TREE),
             )  # fmt: skip
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
-        self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims)
+        self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims,
+                             manifest=pod_manifest(sandbox, pod_spec))  # fmt: skip
         log.info("sandbox_pod_started sandbox=%s/%s pid=%d", namespace, name, process.pid)
 
     @staticmethod
@@ -243,6 +287,36 @@ class SandboxController:
                     await pod.process.wait()
         log.info("sandbox_pod_stopped sandbox=%s exit=%s", pod.key, pod.process.returncode)
         self.pods.pop(key, None)
+
+    @staticmethod
+    def sync_pod_objects(running: list[dict[str, Any]]) -> None:
+        """Make the API's stand-in Pod objects those of the running processes: create the
+        missing, and let go of those whose process has exited (finalizer removed, object
+        deleted), including any left by an earlier run of this controller."""
+        api = client.CoreV1Api()
+        wanted = {(m["metadata"]["namespace"], m["metadata"]["name"]): m for m in running}
+        listed = api.list_pod_for_all_namespaces(label_selector=f"{POD_LABEL}=true")
+        shown = {(p.metadata.namespace, p.metadata.name) for p in listed.items}
+        for namespace, name in shown - set(wanted):
+            with contextlib.suppress(ApiException):
+                api.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}},
+                                         _content_type=MERGE_PATCH)  # fmt: skip
+            with contextlib.suppress(ApiException):
+                api.delete_namespaced_pod(name, namespace)
+        for (namespace, _), manifest in wanted.items():
+            if (namespace, manifest["metadata"]["name"]) in shown:
+                continue
+            try:
+                api.create_namespaced_pod(namespace, manifest)
+            except ApiException as exc:
+                if exc.status not in (404, 409):  # its namespace is gone, or it is there
+                    raise
+                continue
+            with contextlib.suppress(ApiException):
+                api.patch_namespaced_pod_status(
+                    manifest["metadata"]["name"], namespace, {"status": {"phase": "Running"}},
+                    _content_type=MERGE_PATCH,
+                )  # fmt: skip
 
     async def collect_volumes(self) -> None:
         root = self.state_dir / csi.VOLUMES_DIR

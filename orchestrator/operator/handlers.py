@@ -111,6 +111,13 @@ Refusal = tuple[str, str]
 """Why a restore cannot go ahead: (condition reason, message)."""
 
 
+@dataclass(frozen=True)
+class NotYet:
+    """A restore that must wait (the workspace's last pod is still terminating)."""
+
+    why: str
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -300,6 +307,9 @@ class Reconciler:
                 self.set_phase(Phase.FAILED, message)
                 return
             found = await self.restore_source(restore_from, spec)
+            if isinstance(found, NotYet):
+                self.set_phase(Phase.PENDING, found.why)
+                return
             if not isinstance(found, RestoreSource):
                 reason, message = found
                 self.set_condition("Resumed", False, reason, message)
@@ -335,7 +345,7 @@ class Reconciler:
 
     async def restore_source(
         self, checkpoint: CheckpointView, spec: TaskSpec
-    ) -> RestoreSource | Refusal:
+    ) -> RestoreSource | Refusal | NotYet:
         """Where this task's workspace comes from when it restores ``checkpoint``, or why
         it cannot. Decided before anything is created: a restore whose workspace is
         missing, moved on, or another task's must fail, never start agents on the wrong
@@ -373,11 +383,11 @@ class Reconciler:
                     self.pvc_name, checkpoint.snapshot, _larger(spec.storage, state.restore_size)
                 )
             snapshot_gone = f"its VolumeSnapshot {checkpoint.snapshot} no longer exists"
-        return await self.claim_retained(checkpoint, snapshot_gone)
+        return await self.claim_retained(checkpoint, snapshot_gone, spec)
 
     async def claim_retained(
-        self, checkpoint: CheckpointView, snapshot_gone: str | None
-    ) -> RestoreSource | Refusal:
+        self, checkpoint: CheckpointView, snapshot_gone: str | None, spec: TaskSpec
+    ) -> RestoreSource | Refusal | NotYet:
         """The checkpoint's retained PVC, claimed for this task, or why it cannot be."""
         ref, pvc = checkpoint.ref, checkpoint.pvc_name
         no_snapshot = snapshot_gone or "it has no VolumeSnapshot"
@@ -414,6 +424,8 @@ class Reconciler:
                     "that task, then restore the checkpoint its drain records; no agents "
                     "were started"
                 )
+            if (waiting := await self.last_pod_on(pvc, spec)) is not None:
+                return waiting
             if any(o.uid == self.uid for o in found.metadata.owner_references or []):
                 return RestoreSource(pvc)
             claimed = await kube.claim_pvc(
@@ -425,6 +437,29 @@ class Reconciler:
         return "WorkspaceInUse", (
             f"checkpoint {ref} cannot be restored: its workspace PVC {pvc} kept changing "
             "while this task claimed it; no agents were started"
+        )
+
+    async def last_pod_on(self, pvc: str, spec: TaskSpec) -> NotYet | None:
+        """Wait while a pod not of this task's Sandbox still mounts ``pvc``: the pod of
+        a deleted task, Terminating while its daemon drains (an RWO volume can be
+        mounted by two pods of one node). Starting another daemon on the workspace
+        before it is gone would put two daemons on one store."""
+        pods = await kube.pods_mounting(self.namespace, pvc)
+        if not pods:
+            return None
+        ours = await kube.get_sandbox(spec.sandbox_api_version, self.namespace, self.name)
+        owned = ours is not None and any(
+            o.get("uid") == self.uid for o in ours["metadata"].get("ownerReferences") or []
+        )
+        mine = str(ours["metadata"]["uid"]) if ours is not None and owned else None
+        others = sorted(
+            name for name, controller in pods if controller is None or controller != mine
+        )
+        if not others:
+            return None
+        return NotYet(
+            f"waiting for pod {', '.join(others)} to release workspace PVC {self.namespace}/"
+            f"{pvc} before its agents start here (never two daemons on one workspace)"
         )
 
     async def holder_of(self, pvc: Any) -> str | None:
@@ -554,6 +589,9 @@ class Reconciler:
             self.set_condition("AgentsAvailable", False, "WorkspaceGone", message)
             self.set_status(agents=0)
             self.set_phase(Phase.FAILED, message)
+            return
+        if (waiting := await self.last_pod_on(pvc, spec)) is not None:
+            self.set_status(message=waiting.why)
             return
         message = (
             f"Sandbox {self.namespace}/{self.name} was deleted under the task: re-creating it "

@@ -223,6 +223,25 @@ async def claim_pvc(
     return await asyncio.to_thread(call)
 
 
+async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | None]]:
+    """The pods in ``namespace`` that mount PVC ``pvc_name``, running or terminating, as
+    (name, uid of the object that controls it: its Sandbox)."""
+
+    def call() -> list[tuple[str, str | None]]:
+        listed = client.CoreV1Api().list_namespaced_pod(namespace)
+        found = []
+        for pod in listed.items:
+            volumes = (pod.spec.volumes if pod.spec else None) or []
+            if any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == pvc_name
+                   for v in volumes):  # fmt: skip
+                owners = pod.metadata.owner_references or []
+                controller = next((o.uid for o in owners if o.controller), None)
+                found.append((str(pod.metadata.name), controller))
+        return found
+
+    return await asyncio.to_thread(call)
+
+
 async def delete_pvc(namespace: str, name: str) -> bool:
     """Delete PVC ``name``; False if there was none."""
     return await _delete(

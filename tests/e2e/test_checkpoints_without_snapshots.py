@@ -45,17 +45,21 @@ def restoring(name: str, ref: str) -> dict[str, Any]:
     return manifest
 
 
+NOT_DAEMONS = frozenset({"worker_agent.reaper", "worker_agent.consumer"})
+
+
 class DaemonsPerWorkspace:
     """Counts, on every poll while it runs, the daemons serving one PVC's volume."""
 
     def __init__(self, stack: DevStack, pvc: str) -> None:
         self.stack, self.pvc = stack, pvc
         self.most = 0
+        self.seen: list[str] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _daemons(self) -> int:
-        count = 0
+    def _daemons(self) -> list[str]:
+        found = []
         for pid in self.stack.daemon_pids(self.pvc):
             try:
                 argv = psutil.Process(pid).cmdline()
@@ -63,15 +67,15 @@ class DaemonsPerWorkspace:
                 continue
             # The pod's reaper carries the daemon's argv after ``--``, the daemon's
             # consumer names the store too: count the daemon itself.
-            count += "daemon" in argv and not {
-                "worker_agent.reaper",
-                "worker_agent.consumer",
-            } & set(argv)
-        return count
+            if "daemon" in argv and not NOT_DAEMONS & set(argv):
+                found.append(f"pid {pid}: {' '.join(argv)}")
+        return found
 
     def _watch(self) -> None:
         while not self.done.wait(0.1):
-            self.most = max(self.most, self._daemons())
+            daemons = self._daemons()
+            if len(daemons) > self.most:
+                self.most, self.seen = len(daemons), daemons
 
     def __enter__(self) -> DaemonsPerWorkspace:
         self.thread.start()
@@ -131,7 +135,7 @@ def test_a_checkpoint_is_restored_by_one_task_and_a_second_restore_is_refused(
         saved = checkpoint.agents[0].turns
         wait_until(lambda: max(stack.turns_on_disk(pvc).values()) > saved + 1, 60,
                    f"{winner}'s agent to continue")  # fmt: skip
-    assert daemons.most == 1, f"{daemons.most} daemons ran on one workspace at once"
+    assert daemons.most == 1, f"daemons on one workspace at once: {daemons.seen}"
     for twin in (loser, winner):
         stack.kubectl("delete", "ctask", twin, timeout=120)
 
@@ -156,7 +160,7 @@ def test_a_restore_while_the_original_task_is_only_suspended_is_refused(
         # The paused task is untouched and wakes on its own workspace.
         stack.kubectl("patch", "ctask", "napping", "--type", "merge", "-p", RESUME)
         stack.wait_phase("default", "napping", "Running", timeout=120)
-    assert daemons.most == 1
+    assert daemons.most == 1, f"daemons on one workspace at once: {daemons.seen}"
     for name in ("impatient", "napping"):
         stack.kubectl("delete", "ctask", name, timeout=120)
 
