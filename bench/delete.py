@@ -39,6 +39,8 @@ class Deleter:
         self.api = client.CustomObjectsApi()
         self.stack = stack
         self.ledger = ledger
+        self.snapshots: list[float] = []
+        """Per deletion: checkpoint recorded → its VolumeSnapshot ready (part of the path)."""
 
     def get(self, name: str) -> dict[str, Any]:
         got: dict[str, Any] = self.api.get_namespaced_custom_object(
@@ -85,6 +87,11 @@ class Deleter:
         checkpoint = self.ledger.latest_checkpoint("default", name)
         if checkpoint is None or len(checkpoint.agents) != AGENTS or not checkpoint.verified:
             audit.problems.append(f"{name}: checkpoint {checkpoint}")
+        elif checkpoint.snapshot_ready_at is None:
+            audit.problems.append(f"{name}: checkpoint {checkpoint.ref} has no ready snapshot")
+        else:
+            ready = checkpoint.snapshot_ready_at - checkpoint.created_at
+            self.snapshots.append(ready.total_seconds())
         for agent in checkpoint.agents if checkpoint else ():
             audit.agent(
                 f"{name}/{agent.agent_id}",
@@ -132,7 +139,9 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
         title=f"Delete → gone, {AGENTS}-agent CalibanTask, end to end",
         setup=[
             "Path: DELETE → finalizer → drain (daemon queue) → record_checkpoint "
-            "(orchestrator queue) → checkpointRef, PVC retained → GET answers 404.",
+            "(orchestrator queue) → VolumeSnapshot of the workspace until readyToUse (the "
+            "stand-in CSI driver copies the volume) → checkpointRef, PVC retained → GET "
+            "answers 404.",
             f"{AGENTS} scripted agents `model={MODEL!r}`; medians of {repeat} repetition(s).",
         ],
         table=[
@@ -142,6 +151,10 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             ("floor: 3 API round trips (median)", f"{ms(median(apis))} ms"),
             ("floor, sum", f"{ms(floor)} ms"),
             ("**ratio**", f"**{ratio:.2f}**"),
+            (
+                "of delete → gone: checkpoint recorded → snapshot ready (median)",
+                f"{ms(median(deleter.snapshots))} ms" if deleter.snapshots else "-",
+            ),
         ],
         checks=[
             at_most("delete → gone / floor", ratio, BUDGET),
@@ -161,6 +174,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             "agents": agents,
             "chains": chains,
             "apis": apis,
+            "snapshots": deleter.snapshots,
             "audit": audit.__dict__,
         },
     )

@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,18 +107,33 @@ def copy_atomically(source: Path, target: Path) -> None:
     """Copy the tree ``source`` to ``target``: into a hidden sibling first, then renamed
     into place, so ``target`` is whole or absent. A ``target`` that exists is never
     replaced (:class:`FileExistsError`). Symlinks are copied as links, never followed
-    out of the volume."""
+    out of the volume; sockets, FIFOs and devices (an agent's live control socket) are
+    left out: they hold no data, and a block-level snapshot has none to restore either."""
     if target.exists():
         raise FileExistsError(f"{target} exists: a copy never replaces one")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        shutil.copytree(source, partial, symlinks=True)
+        shutil.copytree(source, partial, symlinks=True, ignore=_special_files)
         os.rename(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def _special_files(directory: str, names: list[str]) -> set[str]:
+    """Entries of ``directory`` that are neither files, directories nor symlinks."""
+    special = set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except FileNotFoundError:
+            special.add(name)  # gone while copying (a socket unlinked as its agent exits)
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            special.add(name)
+    return special
 
 
 def tree_bytes(root: Path) -> int:

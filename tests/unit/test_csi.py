@@ -5,6 +5,7 @@ what it collects, the objects it writes, and copies that are whole or absent."""
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -288,14 +289,24 @@ def test_a_copy_is_whole_and_independent_of_its_source(tmp_path: Path) -> None:
     assert sorted(p.name for p in target.parent.iterdir()) == ["uid"]
 
 
-def test_a_copy_that_fails_half_way_leaves_neither_target_nor_partial(tmp_path: Path) -> None:
+def test_a_copy_that_fails_half_way_leaves_neither_target_nor_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tried: the disk fills (ENOSPC) on the third file of a snapshot's copy."""
     source = tmp_path / "volume"
     source.mkdir()
     for name in ("a", "b", "c"):
         (source / name).write_text(name)
-    os.mkfifo(source / "pipe")  # copytree copies the rest, then fails on this one
+    real_copy = shutil.copyfile
+
+    def disk_full_on_c(src: str, dst: str, **kwargs: bool) -> object:
+        if os.path.basename(src) == "c":
+            raise OSError(errno.ENOSPC, "No space left on device", dst)
+        return real_copy(src, dst, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", disk_full_on_c)
     target = tmp_path / "snapshots" / "uid"
-    with pytest.raises(shutil.Error, match="named pipe"):
+    with pytest.raises(shutil.Error, match="No space left on device"):
         csi.copy_atomically(source, target)
     assert list(target.parent.iterdir()) == []
 
@@ -310,3 +321,27 @@ def test_a_copy_never_replaces_a_target_that_exists(tmp_path: Path) -> None:
         csi.copy_atomically(source, target)
     assert list(target.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["restored", "volume"]
+
+
+def test_a_copy_leaves_out_a_live_unix_socket_and_keeps_the_files_beside_it(
+    tmp_path: Path,
+) -> None:
+    """Tried: a volume whose agent directory holds the agent's live control socket (as
+    a running agent's does), snapshotted: copytree alone fails on the socket."""
+    import socket
+
+    source = tmp_path / "volume"
+    agent = source / "agents" / "agent-1"
+    agent.mkdir(parents=True)
+    (agent / "session.json").write_text('{"turns": 3}')
+    listening = socket.socket(socket.AF_UNIX)
+    try:
+        listening.bind(str(agent / "agent.sock"))
+        os.mkfifo(agent / "pipe")
+        target = tmp_path / "copy"
+        csi.copy_atomically(source, target)
+    finally:
+        listening.close()
+    copied = target / "agents" / "agent-1"
+    assert sorted(p.name for p in copied.iterdir()) == ["session.json"]
+    assert (copied / "session.json").read_text() == '{"turns": 3}'

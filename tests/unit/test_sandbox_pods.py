@@ -1,0 +1,38 @@
+"""The Pod object the stand-in Sandbox controller shows for each process it runs."""
+
+from __future__ import annotations
+
+from orchestrator.devcluster.sandbox_controller import POD_FINALIZER, POD_LABEL, pod_manifest
+from orchestrator.operator.crd import SANDBOX_V1ALPHA1, TASK_LABEL
+
+SANDBOX = {
+    "apiVersion": SANDBOX_V1ALPHA1,
+    "kind": "Sandbox",
+    "metadata": {"name": "twin-a", "namespace": "default", "uid": "3a379f98-1000-4d2e"},
+    "spec": {"podTemplate": {"metadata": {"labels": {TASK_LABEL: "twin-a"}}}},
+}
+POD_SPEC = {
+    "containers": [{"name": "caliband", "image": "caliban-drain:dev", "args": ["daemon"]}],
+    "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "ws-1"}}],
+}
+
+
+def test_a_pod_is_owned_by_its_sandbox_and_held_by_its_process() -> None:
+    pod = pod_manifest(SANDBOX, POD_SPEC)
+    meta = pod["metadata"]
+    # Another uid (a Sandbox re-created under the name) is another pod.
+    assert meta["name"] == "twin-a-3a379"
+    assert meta["labels"] == {TASK_LABEL: "twin-a", POD_LABEL: "true"}
+    assert meta["finalizers"] == [POD_FINALIZER]
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "Sandbox", "twin-a", "3a379f98-1000-4d2e", True
+    )  # fmt: skip
+    # Who mounts which PVC is read from the volumes, as on a cluster.
+    assert pod["spec"]["volumes"] == POD_SPEC["volumes"]
+    assert pod["spec"]["containers"] == [{"name": "caliband", "image": "caliban-drain:dev"}]
+
+
+def test_a_long_sandbox_name_still_gives_a_valid_pod_name() -> None:
+    long = {**SANDBOX, "metadata": {**SANDBOX["metadata"], "name": "t" * 253}}  # type: ignore[dict-item]
+    assert len(pod_manifest(long, POD_SPEC)["metadata"]["name"]) <= 253
