@@ -68,6 +68,7 @@ from worker_agent.proto import (
     ProtocolError,
     says_daemon_stopping,
 )
+from worker_agent.session import SessionError, load_session
 from worker_agent.store import Store
 
 log = logging.getLogger(__name__)
@@ -257,9 +258,10 @@ def _not_this_checkpoint(store_root: Path, agents: list[ResumeAgent]) -> str | N
             continue  # a forced checkpoint or a recovery: the workspace as it is
         try:
             session = store.resolve_session_dir(agent.session_dir)
-            if not session.is_dir():
-                problems.append(f"{agent.id}: its session {agent.session_dir} is missing")
-                continue
+            load_session(session)
+        except (ProtocolError, SessionError, OSError):
+            continue  # missing or unreadable: that agent fails alone, the rest resume
+        try:
             store.check_expected(session, agent.turns, agent.session_sha256)
         except ProtocolError as exc:
             problems.append(f"{agent.id}: {exc.message}")
