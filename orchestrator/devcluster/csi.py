@@ -305,10 +305,8 @@ def restore_size(claim: Mapping[str, Any]) -> str | None:
 def size_in_bytes(quantity: str | None, copy: Path) -> int:
     """``quantity`` in bytes, or (none, or not a quantity) the size of ``copy``."""
     if quantity is not None:
-        try:
+        with contextlib.suppress(ValueError):  # not a quantity: measured instead
             return int(parse_quantity(quantity))
-        except ValueError:
-            pass
     return tree_bytes(copy)
 
 

@@ -91,14 +91,7 @@ async def sandbox_api() -> SandboxApi | None:
 async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
     """The Sandbox as the API serves it at ``api_version``, or None if there is none."""
     group, version = _group_version(api_version)
-
-    def call() -> dict[str, Any]:
-        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
-            group, version, namespace, crd.SANDBOX_PLURAL, name
-        )
-        return found
-
-    return await _read(call)
+    return await _get_custom(group, version, crd.SANDBOX_PLURAL, namespace, name)
 
 
 async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
@@ -249,16 +242,23 @@ async def delete_pvc(namespace: str, name: str) -> bool:
     )
 
 
-async def get_task(namespace: str, name: str) -> dict[str, Any] | None:
-    """The CalibanTask ``namespace/name``, or None."""
+async def _get_custom(
+    group: str, version: str, plural: str, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """A namespaced custom object, or None if there is none."""
 
     def call() -> dict[str, Any]:
         found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name
+            group, version, namespace, plural, name
         )
         return found
 
     return await _read(call)
+
+
+async def get_task(namespace: str, name: str) -> dict[str, Any] | None:
+    """The CalibanTask ``namespace/name``, or None."""
+    return await _get_custom(crd.GROUP, crd.VERSION, crd.PLURAL, namespace, name)
 
 
 async def list_tasks() -> list[dict[str, Any]]:
@@ -378,13 +378,9 @@ async def create_snapshot(
 
 
 async def get_snapshot(namespace: str, name: str) -> dict[str, Any] | None:
-    def call() -> dict[str, Any]:
-        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
-            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, name
-        )
-        return found
-
-    return await _read(call)
+    return await _get_custom(
+        crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_PLURAL, namespace, name
+    )
 
 
 async def delete_snapshot(namespace: str, name: str) -> bool:
