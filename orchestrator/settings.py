@@ -10,6 +10,7 @@ each of those is declared once, in ``worker_agent.contract``.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Self
 
 from pydantic import Field, model_validator
@@ -60,6 +61,23 @@ class Settings(BrokerSettings):
     snapshot_ready_timeout_secs: float = Field(default=300.0, gt=0)
     """How long a checkpoint's snapshot may take to become ``readyToUse`` before the
     operator gives up on it (a Warning, ``Snapshotted=False``) and releases the pod."""
+
+    audit_interval_secs: float = Field(default=60.0, gt=0)
+    """How often the periodic audit (``drainctl audit --every``) runs."""
+    audit_full_pass_secs: float = Field(default=3600.0, gt=0)
+    """Every restorable checkpoint's workspace and sessions are checked at least once in
+    this period; each run takes its share of them (never fewer than the batches below)."""
+    audit_checkpoint_batch: int = Field(default=2000, ge=1)
+    """Checkpoints whose workspace one periodic run checks, at least."""
+    audit_session_batch: int = Field(default=200, ge=1)
+    """Agent sessions one periodic run reads and hashes, at least."""
+    audit_first_heartbeat_secs: float = Field(default=600.0, gt=0)
+    """How long a new task's pod may take to send its first heartbeat (image pulls,
+    scheduling) before the audit calls its daemon silent."""
+    audit_volumes_dir: Path | None = None
+    """Where the audit can read workspaces and snapshot copies directly: the stand-in
+    Sandbox controller's dir (``<state>/sandboxes``) in the dev stack. Unset: session
+    contents are not checked, only that each workspace exists."""
 
     @property
     def redelivery_secs(self) -> float:

@@ -3,7 +3,7 @@
 A module per command group — ``daemon`` (``daemon``, ``agents …``), ``pipeline``
 (``drain``, ``resume``, ``worker``, ``flower``), ``ledger`` (``ledger ls|show``,
 ``db upgrade``), ``operator`` (``operator``, ``pause``, ``wake``), ``dev``
-(``dev up|cluster``) and ``demo`` — registered on ``main`` here. What they share lives
+(``dev up|cluster``), ``audit`` and ``demo`` — registered on ``main`` here. What they share lives
 in ``output`` (``--json``, ``--log-level``, ``NS/NAME``, printing) and ``errors``
 (``ExitCode`` and the one mapping from a failure to an ``Error:`` line).
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import click
 
+from orchestrator.cli.audit import audit_cmd
 from orchestrator.cli.daemon import agents, daemon
 from orchestrator.cli.demo import demo
 from orchestrator.cli.dev import dev
@@ -43,6 +44,7 @@ for command in (
     drain_cmd, resume_cmd, worker_cmd, flower_cmd,
     ledger, db,
     operator_cmd, pause_cmd, wake_cmd,
+    audit_cmd,
     dev, demo,
 ):  # fmt: skip
     main.add_command(command)

@@ -4,8 +4,8 @@ It brings up, in order: the ledger (SQLite in the state dir unless ``DRAIN_DATAB
 says otherwise, migrated to head), the broker (``DRAIN_BROKER_URL``, or the embedded
 Redis-protocol broker), the embedded Kubernetes API with the CRDs shipped as
 package data (:func:`packaged_crds`) and a kubeconfig for it, the orchestrator worker and
-the operator (child processes, restarted if they die), and the stand-in Sandbox
-controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
+the operator and the periodic auditor (``drainctl audit --every``; child processes,
+restarted if they die), and the stand-in Sandbox controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
 (``orchestrator.devcluster.broker``: fakeredis's Redis-protocol server, a child
 process on a free port).
 Unless ``--no-snapshots``, the API also serves the CSI snapshot CRDs
@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 SANDBOXES_DIR: Final = "sandboxes"
 """The stand-in Sandbox controller's dir in the state dir: volumes, snapshot copies (the
 layout below it is ``csi``'s), pods' logs and emptyDirs."""
+
+AUDIT_REPORT_FILE: Final = "audit-report.json"
+"""The periodic auditor's latest report, in the state dir."""
 
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
@@ -222,8 +225,17 @@ async def run_dev_up(
             "operator", [*cli, "operator", "--manage-sandbox"], env, logs / "operator.log"
         )
         controller = SandboxController(state_dir / SANDBOXES_DIR, env=env)
+        metrics_port = broker.free_port()
+        auditor = KeptProcess(
+            "auditor",
+            [*cli, "audit", "--every", env.get("DRAIN_AUDIT_INTERVAL_SECS", "60"),
+             "--volumes", str(state_dir / SANDBOXES_DIR), "--metrics-port", str(metrics_port),
+             "--report-file", str(state_dir / AUDIT_REPORT_FILE)],
+            env, logs / "audit.log",
+        )  # fmt: skip
         worker.start()
         operator.start()
+        auditor.start()
         controller_task = asyncio.get_running_loop().create_task(controller.run())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -241,15 +253,20 @@ async def run_dev_up(
             f"  Kubernetes API {api.url}; ledger {env['DRAIN_DATABASE_URL']}; "
             f"broker {env['DRAIN_BROKER_URL']}\n"
             f"  logs in {logs}; volumes in {state_dir / SANDBOXES_DIR / csi.VOLUMES_DIR}\n"
-            f"  {snapshot_line}",
+            f"  {snapshot_line}\n"
+            f"  audit every {env.get('DRAIN_AUDIT_INTERVAL_SECS', '60')}s: report "
+            f"{state_dir / AUDIT_REPORT_FILE}, metrics http://127.0.0.1:{metrics_port}/metrics; "
+            f"now: drainctl audit --volumes {state_dir / SANDBOXES_DIR}",
             flush=True,
         )
         try:
             await stop.wait()
         finally:
             log.info("dev_stack_stopping")
+            auditor.request_stop()
             operator.request_stop()
             await operator.wait_stopped(within=30)
+            await auditor.wait_stopped(within=30)
             controller.stopping.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await controller_task

@@ -31,14 +31,14 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
@@ -74,6 +74,8 @@ LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 """A Kubernetes label value as checkpoint refs use it (lower case; at most 63 characters)."""
 
 CHECKPOINT_REF_PREFIX = "ckpt-"
+AUDIT_IN_BATCH = 500
+"""Names per ``IN (...)`` of an audit read, well inside every backend's parameter limit."""
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -696,6 +698,150 @@ class Ledger:
         with self._sessions.begin() as session:
             row = session.get(DaemonActivity, (namespace, name))
             return None if row is None else _activity_view(row)
+
+    # ------------------------------------------------------------------ audit reads
+    # What ``orchestrator.audit`` compares with the cluster, in bounded pages.
+
+    def available_checkpoints_after(self, after_id: int, limit: int) -> list[CheckpointView]:
+        """Up to ``limit`` restorable checkpoints with an id above ``after_id``, by id."""
+        query = (
+            select(Checkpoint)
+            .options(selectinload(Checkpoint.agents))
+            .where(Checkpoint.unavailable.is_(None), Checkpoint.id > after_id)
+            .order_by(Checkpoint.id)
+            .limit(_limit(limit))
+        )
+        with self._sessions.begin() as session:
+            return [_checkpoint_view(row) for row in session.scalars(query)]
+
+    def count_available_checkpoints(self) -> int:
+        with self._sessions.begin() as session:
+            query = select(func.count()).where(Checkpoint.unavailable.is_(None))
+            return int(session.scalar(query.select_from(Checkpoint)) or 0)
+
+    def list_activities(self) -> list[ActivityView]:
+        """Every daemon's newest heartbeat (one row per Sandbox)."""
+        with self._sessions.begin() as session:
+            return [_activity_view(row) for row in session.scalars(select(DaemonActivity))]
+
+    def existing_refs(self, refs: Collection[str]) -> set[str]:
+        """Those of ``refs`` the ledger holds a checkpoint for (available or not)."""
+        found: set[str] = set()
+        wanted = sorted(set(refs))
+        with self._sessions.begin() as session:
+            for start in range(0, len(wanted), AUDIT_IN_BATCH):
+                chunk = wanted[start : start + AUDIT_IN_BATCH]
+                found.update(
+                    session.scalars(select(Checkpoint.ref).where(Checkpoint.ref.in_(chunk)))
+                )
+        return found
+
+    def resumed_refs(self, refs: Collection[str]) -> set[str]:
+        """Those of ``refs`` a resume or restore operation has named: their workspace has
+        run agents since, so it no longer holds the checkpoint's state."""
+        found: set[str] = set()
+        wanted = sorted(set(refs))
+        consuming = [k.value for k in OperationKind if not k.records_checkpoint]
+        with self._sessions.begin() as session:
+            for start in range(0, len(wanted), AUDIT_IN_BATCH):
+                chunk = wanted[start : start + AUDIT_IN_BATCH]
+                query = select(Operation.checkpoint_ref).where(
+                    Operation.kind.in_(consuming), Operation.checkpoint_ref.in_(chunk)
+                )
+                found.update(ref for ref in session.scalars(query) if ref is not None)
+        return found
+
+    def newest_refs_of_pvcs(self, pvcs: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """For each (namespace, PVC), the ref of its newest checkpoint (available or not)."""
+        newest: dict[tuple[str, str], tuple[datetime, int, str]] = {}
+        names = sorted({pvc for _, pvc in pvcs})
+        with self._sessions.begin() as session:
+            for start in range(0, len(names), AUDIT_IN_BATCH):
+                chunk = names[start : start + AUDIT_IN_BATCH]
+                query = select(
+                    Checkpoint.namespace, Checkpoint.pvc_name, Checkpoint.created_at,
+                    Checkpoint.id, Checkpoint.ref,
+                ).where(Checkpoint.pvc_name.in_(chunk))  # fmt: skip
+                for namespace, pvc, created, row_id, ref in session.execute(query):
+                    key = (namespace, str(pvc))
+                    if key in pvcs and (key not in newest or newest[key][:2] < (created, row_id)):
+                        newest[key] = (created, row_id, ref)
+        return {key: ref for key, (_, _, ref) in newest.items()}
+
+    def workspace_references(
+        self, pvcs: Collection[tuple[str, str]], snapshots: Collection[tuple[str, str]]
+    ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        """Which of ``pvcs`` and ``snapshots`` (namespace, name) a restorable checkpoint
+        names as its workspace PVC or its VolumeSnapshot."""
+        used_pvcs: set[tuple[str, str]] = set()
+        used_snapshots: set[tuple[str, str]] = set()
+        with self._sessions.begin() as session:
+            for wanted, column, into in (
+                (pvcs, Checkpoint.pvc_name, used_pvcs),
+                (snapshots, Checkpoint.snapshot_name, used_snapshots),
+            ):
+                names = sorted({name for _, name in wanted})
+                for start in range(0, len(names), AUDIT_IN_BATCH):
+                    chunk = names[start : start + AUDIT_IN_BATCH]
+                    query = select(Checkpoint.namespace, column).where(
+                        Checkpoint.unavailable.is_(None), column.in_(chunk)
+                    )
+                    into.update(
+                        (ns, str(name)) for ns, name in session.execute(query)
+                        if (ns, name) in wanted
+                    )  # fmt: skip
+        return used_pvcs, used_snapshots
+
+    def drain_record_problems(self, limit: int = 100) -> list[str]:
+        """Where the ledger breaks one checkpoint per drain: an operation recorded (or
+        forced) without its checkpoint, one that failed yet has one, and a task with
+        more than one deletion checkpoint. One line each, at most ``limit`` of each."""
+        problems: list[str] = []
+        with self._sessions.begin() as session:
+            produced = select(Checkpoint.operation_id)
+            missing = (
+                select(Operation)
+                .where(Operation.state.in_([OperationState.RECORDED.value,
+                                            OperationState.FORCED.value]))
+                .where(Operation.id.not_in(produced))
+                .limit(_limit(limit))
+            )  # fmt: skip
+            for op in session.scalars(missing):
+                problems.append(
+                    f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) is {op.state} "
+                    "but the ledger holds no checkpoint for it"
+                )
+            failed = (
+                select(Operation, Checkpoint.ref)
+                .join(Checkpoint, Checkpoint.operation_id == Operation.id)
+                .where(Operation.state == OperationState.FAILED.value)
+                .limit(_limit(limit))
+            )
+            for op, ref in session.execute(failed):
+                problems.append(
+                    f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) failed "
+                    f"({op.error}) yet recorded checkpoint {ref}"
+                )
+            deletions = [CheckpointReason.DELETE.value, CheckpointReason.FORCED.value]
+            doubled = (
+                select(Checkpoint.task_uid)
+                .where(Checkpoint.reason.in_(deletions))
+                .group_by(Checkpoint.task_uid)
+                .having(func.count() > 1)
+                .limit(_limit(limit))
+            )
+            for task_uid in list(session.scalars(doubled)):
+                rows = session.execute(
+                    select(Checkpoint.namespace, Checkpoint.name, Checkpoint.ref)
+                    .where(Checkpoint.task_uid == task_uid, Checkpoint.reason.in_(deletions))
+                    .order_by(Checkpoint.id)
+                ).all()
+                namespace, name = rows[0][0], rows[0][1]
+                problems.append(
+                    f"task {namespace}/{name} (uid {task_uid}) has {len(rows)} deletion "
+                    f"checkpoints, one deletion records one: {', '.join(r[2] for r in rows)}"
+                )
+        return problems
 
 
 def checkpoint_ref_for(op_id: str) -> str:

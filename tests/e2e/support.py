@@ -20,6 +20,7 @@ from orchestrator.testing import DevStackProcess
 from tests.support import wait_until
 from worker_agent import layout
 from worker_agent.session import SessionError, load_session
+from worker_agent.testing import DRAINCTL
 
 SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 
@@ -229,6 +230,24 @@ class DevStack(DevStackProcess):
                         f"{agent.turns} turns, its snapshot holds {session.turns}"
                     )
         return found
+
+    def audit(self, *args: str) -> dict[str, Any]:
+        """``drainctl audit --json`` against this stack (its API, ledger, settings and
+        stand-in volumes), as a user runs it: the report, whatever the exit code says;
+        the exit code is checked against it."""
+        result = subprocess.run(
+            [*DRAINCTL, "audit", "--json", "--volumes", str(self.state / "sandboxes"), *args],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**self.env, "KUBECONFIG": str(self.kubeconfig)},
+        )  # fmt: skip
+        assert result.returncode in (0, 1), f"drainctl audit: {result.stderr}"
+        report: dict[str, Any] = json.loads(result.stdout)
+        assert (result.returncode == 0) == report["clean"], result.stderr
+        return report
+
+    def audit_findings(self) -> list[str]:
+        """The one-shot audit's findings, one line each (empty: clean)."""
+        return [f"{f['kind']} {f['subject']}: {f['message']}" for f in self.audit()["findings"]]
 
     def close(self) -> None:
         self.stop(90)
