@@ -33,7 +33,9 @@ class Thresholds:
     heartbeat_silent_secs: float
     """A heartbeat older than this means the daemon is gone (the operator's own rule)."""
     status_settle_secs: float
-    """How long after a heartbeat the operator has certainly written it into the status."""
+    """How long after a heartbeat the operator has certainly written it into the status:
+    a run confirms what it finds after this long (``runner``), so a status that has not
+    caught up with the newest heartbeat yet is not a finding."""
     phase_settle_secs: float
     """How long after a phase change its side effects (a Sandbox patched, a pod gone, a
     last heartbeat stored) have certainly happened."""
@@ -205,7 +207,7 @@ def check_tasks(
             task.phase == Phase.RUNNING
             and mine is not None
             and age is not None
-            and limits.status_settle_secs < age <= limits.heartbeat_silent_secs
+            and age <= limits.heartbeat_silent_secs
             and phase_age is not None
             and phase_age > limits.status_settle_secs
             and task.agents != mine.agents_live

@@ -100,15 +100,10 @@ def read_cluster() -> Cluster:
             deleting=bool(meta.get("deletionTimestamp")),
             consistent=_condition(status, "Consistent"),
         ))  # fmt: skip
-    seen: set[str] = set()
-    for api_version in crd.SANDBOX_API_VERSIONS:
-        group, _, version = api_version.partition("/")
-        for obj in _custom(group, version, crd.SANDBOX_PLURAL):
-            meta = obj["metadata"]
-            if str(meta["uid"]) in seen:  # the same object, served at another version
-                continue
-            seen.add(str(meta["uid"]))
-            cluster.sandboxes.append(_sandbox(api_version, obj))
+    stored = _sandbox_storage_version()
+    if stored is not None:
+        for obj in _custom(crd.SANDBOX_GROUP, stored, crd.SANDBOX_PLURAL):
+            cluster.sandboxes.append(_sandbox(f"{crd.SANDBOX_GROUP}/{stored}", obj))
     core = client.CoreV1Api()
     for pod in _paged(core.list_pod_for_all_namespaces):
         volumes = (pod.spec.volumes if pod.spec else None) or []
@@ -142,6 +137,19 @@ def read_cluster() -> Cluster:
             terminating=bool(meta.get("deletionTimestamp")),
         ))  # fmt: skip
     return cluster
+
+
+def _sandbox_storage_version() -> str | None:
+    """The version Sandboxes are stored as: read at it, each shows the suspension field
+    it was written with, whichever version the operator or a user wrote it at (without
+    a conversion webhook the other version's view lacks it). None: no Sandbox CRD."""
+    try:
+        found = client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return next((str(v.name) for v in found.spec.versions or [] if v.storage), None)
 
 
 def _sandbox(api_version: str, obj: dict[str, Any]) -> SandboxState:

@@ -5,9 +5,9 @@ says otherwise, migrated to head), the broker (``DRAIN_BROKER_URL``, or the embe
 Redis-protocol broker), the embedded Kubernetes API with the CRDs shipped as
 package data (:func:`packaged_crds`) and a kubeconfig for it, the orchestrator worker and
 the operator and the periodic auditor (``drainctl audit --every``; child processes,
-restarted if they die), and the stand-in Sandbox controller (in process). Without ``DRAIN_BROKER_URL`` the broker is the embedded one
-(``orchestrator.devcluster.broker``: fakeredis's Redis-protocol server, a child
-process on a free port).
+restarted if they die), and the stand-in Sandbox controller (in process). Without
+``DRAIN_BROKER_URL`` the broker is the embedded one (``orchestrator.devcluster.broker``:
+fakeredis's Redis-protocol server, a child process on a free port).
 Unless ``--no-snapshots``, the API also serves the CSI snapshot CRDs
 (:data:`SNAPSHOT_CRDS`) and holds the default VolumeSnapshotClass, the stand-in CSI
 driver's (``csi``, run by the stand-in controller), so the operator snapshots and

@@ -45,6 +45,7 @@ def stack() -> Iterator[DevStack]:
     try:
         yield dev
         assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
     finally:
         dev.close()
 
@@ -248,6 +249,9 @@ def test_a_workspace_that_is_not_what_its_checkpoint_recorded_is_refused_before_
     never(lambda: sessions_of(stack.volume("default", pvc)) != before, 5, "an agent to run")
     assert status.get("agents", 0) == 0
     stack.kubectl("delete", "ctask", "tampered-again", timeout=120)
+    # The audit reports the tampered snapshot as long as it stays tampered.
+    found = {(f["kind"], f["subject"]) for f in stack.audit()["findings"]}
+    assert ("SessionMismatch", f"checkpoint {checkpoint.ref}") in found
     session_file.write_bytes(original)  # the snapshot as its checkpoint recorded it again
 
 

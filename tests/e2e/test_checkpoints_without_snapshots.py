@@ -35,6 +35,7 @@ def stack() -> Iterator[DevStack]:
     try:
         yield dev
         assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
     finally:
         dev.close()
 

@@ -35,6 +35,7 @@ def stack() -> Iterator[DevStack]:
         yield dev
         # Whatever the module's tests did, the ledger says only what is so.
         assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
     finally:
         dev.close()
 
