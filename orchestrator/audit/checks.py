@@ -69,6 +69,8 @@ class TaskState:
     checkpoint_ref: str | None
     pvc_name: str | None
     deleting: bool
+    disruption: str | None = None
+    """``status.disruption``: what the operator saw go wrong (``DaemonSilent``, …)."""
     consistent: tuple[str, str, str] | None = None
     """Its ``Consistent`` condition as (status, reason, message), if it has one."""
 
@@ -184,8 +186,20 @@ def check_tasks(
         age = None if mine is None else _age(now, _arrived(mine))
         phase_age = _age(now, task.phase_since)
         if task.phase in DAEMON_PHASES:
+            heard = mine
             if (
-                mine is not None
+                heard is not None
+                and task.phase != Phase.RUNNING
+                and task.disruption != "DaemonSilent"
+                and task.phase_since is not None
+                and _arrived(heard) < task.phase_since
+            ):
+                # The old pod's last word: this phase waits for a new pod's first
+                # heartbeat, as the operator does; unless the operator is in it because
+                # that very daemon went silent.
+                heard = None
+            if (
+                heard is not None
                 and age is not None
                 and (age > limits.heartbeat_silent_secs + limits.phase_settle_secs)
             ):
@@ -194,14 +208,13 @@ def check_tasks(
                     f"phase {task.phase}, but its daemon's last heartbeat reached the ledger "
                     f"{age:.0f}s ago (silent after {limits.heartbeat_silent_secs:g}s)",
                 ))  # fmt: skip
-            elif mine is None:
-                since = task.created_at or task.phase_since
-                waited = _age(now, since)
+            elif heard is None:
+                waited = _age(now, task.phase_since or task.created_at)
                 if waited is not None and waited > limits.first_heartbeat_secs:
                     found.append(finding(
                         FindingKind.DAEMON_SILENT,
                         f"phase {task.phase}, and no heartbeat from its daemon in the "
-                        f"{waited:.0f}s since it was created",
+                        f"{waited:.0f}s since the phase began",
                     ))  # fmt: skip
         if (
             task.phase == Phase.RUNNING
@@ -277,9 +290,11 @@ def check_daemons(
         for pvc in pod.pvcs:
             mounting[(pod.namespace, pvc)].append(pod)
     owners = {(p.namespace, p.name): p.owner_uids for p in cluster.pvcs}
+    workspaces = {(p.namespace, p.name) for p in cluster.pvcs if p.workspace}
+    workspaces |= {(t.namespace, t.pvc_name) for t in cluster.tasks if t.pvc_name}
     for (namespace, pvc), pods in sorted(mounting.items()):
-        if len(pods) < 2:
-            continue
+        if len(pods) < 2 or (namespace, pvc) not in workspaces:
+            continue  # another application's shared volume is none of the audit's business
         owner = next((by_uid[u] for u in owners.get((namespace, pvc), ()) if u in by_uid), None)
         names = ", ".join(
             f"{p.name}{' (terminating)' if p.terminating else ''}"

@@ -28,6 +28,7 @@ from orchestrator.audit.checks import (
 )
 from orchestrator.ledger import CheckpointView
 from orchestrator.operator import crd
+from worker_agent import layout
 from worker_agent.session import SessionError, load_session
 
 PAGE: Final = 500
@@ -98,6 +99,7 @@ def read_cluster() -> Cluster:
             agents=int(agents) if isinstance(agents, int) else None,
             checkpoint_ref=status.get("checkpointRef"), pvc_name=status.get("pvcName"),
             deleting=bool(meta.get("deletionTimestamp")),
+            disruption=status.get("disruption"),
             consistent=_condition(status, "Consistent"),
         ))  # fmt: skip
     stored = _sandbox_storage_version()
@@ -196,10 +198,11 @@ def read_sessions(directory: Path, checkpoint: CheckpointView) -> dict[str, Sess
         return {}
     readings = {}
     for agent in checkpoint.agents:
+        if not layout.session_file(directory / agent.session_dir).exists():
+            readings[agent.agent_id] = SessionReading(None, None, "is missing")
+            continue
         try:
             session = load_session(directory / agent.session_dir)
-        except FileNotFoundError:
-            readings[agent.agent_id] = SessionReading(None, None, "is missing")
         except (OSError, SessionError) as exc:
             readings[agent.agent_id] = SessionReading(None, None, f"is unreadable ({exc})")
         else:

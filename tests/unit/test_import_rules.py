@@ -50,6 +50,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "orchestrator.devcluster",
     ),
     "orchestrator.operator": ("orchestrator.cli", "orchestrator.devcluster"),
+    "orchestrator.audit": (
+        "orchestrator.pipeline",
+        "orchestrator.cli",
+        "orchestrator.devcluster",
+        "orchestrator.operator.handlers",
+    ),
 }
 """Importer package → the packages it must never import (``a.b`` covers ``a.b.*``)."""
 
