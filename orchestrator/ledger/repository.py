@@ -551,6 +551,27 @@ class Ledger:
                 row.unavailable = reason
             return _checkpoint_view(row)
 
+    def mark_workspace_gone(self, namespace: str, pvc_name: str, reason: str) -> list[str]:
+        """Say every restorable checkpoint whose only workspace is PVC
+        ``namespace/pvc_name`` (no ready snapshot) can no longer be restored, because
+        that PVC is being deleted; the refs so marked. A checkpoint with a ready
+        snapshot keeps it and stays restorable."""
+        reason = _text("reason", reason, max_len=None)[:UNAVAILABLE_MAX]
+        with self._sessions.begin() as session:
+            rows = session.scalars(
+                select(Checkpoint)
+                .where(
+                    Checkpoint.namespace == namespace,
+                    Checkpoint.pvc_name == pvc_name,
+                    Checkpoint.unavailable.is_(None),
+                    Checkpoint.snapshot_ready_at.is_(None),
+                )
+                .with_for_update()
+            ).all()
+            for row in rows:
+                row.unavailable = reason
+            return [row.ref for row in rows]
+
     def record_snapshot(
         self,
         ref: str,

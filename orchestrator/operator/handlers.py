@@ -988,6 +988,7 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if action is DeleteAction.RELEASE:
             why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ran"
             kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
+            await _workspace_goes_with(r, why)
             return
         if action is DeleteAction.KEEP_PAUSE_CHECKPOINT:
             await _release_with_checkpoint(r, str(checkpoint_ref))
@@ -1025,6 +1026,27 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=0.5)
         await asyncio.sleep(DELETE_POLL_SECS)
         op = await _ledger_call(r.ledger.get_operation, op.id)
+
+
+async def _workspace_goes_with(r: Reconciler, why: str) -> None:
+    """A task released without a checkpoint takes its workspace PVC with it (it owns it):
+    the earlier checkpoints that PVC was the only copy of (pauses without a snapshot, or
+    the checkpoint it was restored from) say so in the ledger, so nothing claims them
+    restorable any more."""
+    if not r.settings.manage_sandbox or not r.status.get("pvcName"):
+        return
+    pvc = await kube.get_pvc(r.namespace, r.pvc_name)
+    if pvc is None or not any(o.uid == r.uid for o in pvc.metadata.owner_references or []):
+        return
+    gone = await _ledger_call(
+        r.ledger.mark_workspace_gone, r.namespace, r.pvc_name,
+        f"its workspace PVC {r.pvc_name} was deleted with task {r.namespace}/{r.name} ({why})",
+    )  # fmt: skip
+    if gone:
+        kopf.info(r.body, reason="CheckpointsReleased", message=(
+            f"workspace PVC {r.pvc_name} goes with the task: checkpoint {', '.join(gone)} "
+            "can no longer be restored"
+        ))  # fmt: skip
 
 
 async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:

@@ -195,3 +195,29 @@ def test_an_older_checkpoint_of_a_workspace_is_refused_naming_the_newest(
     stack.wait_phase("default", "forward", "Running", timeout=120)
     for name in ("back-in-time", "forward"):
         stack.kubectl("delete", "ctask", name, timeout=120)
+
+
+def test_a_workspace_deleted_with_its_task_takes_its_checkpoints_with_it(stack: DevStack) -> None:
+    """Tried: a task with ``onDelete: delete`` paused (a checkpoint, which without
+    snapshots is its PVC alone), woken, then deleted: its PVC goes with it, and the
+    ledger must say the pause's checkpoint can no longer be restored rather than keep
+    calling it restorable (the audit would report it WorkspaceMissing)."""
+    manifest = task_manifest("ephemeral", agents=1, onDelete="delete")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "ephemeral", "Running")
+    pvc = stack.pvc_of("ephemeral")
+    stack.wait_turns(pvc, 1, 2)
+    stack.kubectl("patch", "ctask", "ephemeral", "--type", "merge", "-p", SUSPEND)
+    stack.wait_phase("default", "ephemeral", "Suspended")
+    stack.kubectl("patch", "ctask", "ephemeral", "--type", "merge", "-p", RESUME)
+    stack.wait_phase("default", "ephemeral", "Running")
+    paused = stack.ledger.latest_checkpoint("default", "ephemeral")
+    assert paused is not None and paused.available
+    stack.kubectl("delete", "ctask", "ephemeral", timeout=120)
+    wait_until(lambda: stack.kubectl("get", "pvc", pvc, check=False).returncode != 0, 60,
+               f"PVC {pvc} to go with its task")  # fmt: skip
+    gone = stack.ledger.get_checkpoint(paused.ref)
+    assert gone is not None and gone.unavailable is not None
+    assert f"its workspace PVC {pvc} was deleted with task default/ephemeral" in gone.unavailable
+    assert "CheckpointsReleased" in [e["reason"] for e in stack.events_of("ephemeral")]
+    assert stack.audit_findings() == []
