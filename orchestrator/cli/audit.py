@@ -59,6 +59,9 @@ def audit_cmd(
     log_level: str,
 ) -> None:
     """Audit the status and the ledger against the cluster and the workspaces."""
+    source = click.get_current_context().get_parameter_source("log_level")
+    if every is None and source is click.core.ParameterSource.DEFAULT:
+        log_level = "WARNING"  # a one-shot prints its report, not the libraries' chatter
     configure_logging(log_level)
     from orchestrator.audit import Auditor
     from orchestrator.settings import get_settings

@@ -6,6 +6,7 @@ end in exactly one ``Error:`` line on stderr, the documented exit code, and no t
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -232,3 +233,72 @@ def test_ledger_prune_without_kubeconfig_is_one_line(tmp_path: Path, ledger_url:
     result = drainctl("ledger", "prune", env={"DRAIN_DATABASE_URL": ledger_url,
                                               "KUBECONFIG": str(tmp_path / "absent")})  # fmt: skip
     assert_one_line_error(result, ExitCode.USAGE, "no usable Kubernetes configuration")
+
+
+# ----------------------------------------------------------------------- audit
+
+
+def test_audit_with_an_unreachable_kubernetes_api_is_one_line(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    """Tried: drainctl audit --kubeconfig K, K's server a closed local port."""
+    kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{free_port()}")
+    result = drainctl("audit", "--kubeconfig", str(kubeconfig),
+                      env={"DRAIN_DATABASE_URL": ledger_url}, timeout=60)  # fmt: skip
+    assert_one_line_error(result, ExitCode.UNREACHABLE, "cannot reach the Kubernetes API")
+
+
+def test_audit_with_an_unreachable_database_is_one_line() -> None:
+    """Tried: drainctl audit --no-kubernetes with the ledger on a closed local port."""
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
+    result = drainctl("audit", "--no-kubernetes", env={"DRAIN_DATABASE_URL": url}, timeout=60)
+    assert_one_line_error(result, ExitCode.UNREACHABLE, "cannot reach the ledger database")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--metrics-port", "9464"], "--metrics-port and --report-file need --every"),
+        (["--report-file", "r.json"], "--metrics-port and --report-file need --every"),
+        (["--every", "0"], "0.0 is not in the range x>=1.0"),
+        (["--every", "soon"], "'soon' is not a valid float"),
+        (["--metrics-port", "70000", "--every", "5"], "70000 is not in the range"),
+        (["--volumes", "/nonexistent/volumes"], "'/nonexistent/volumes' does not exist"),
+    ],
+)
+def test_audit_bad_options_are_usage_errors(
+    ledger_url: str, args: list[str], fragment: str
+) -> None:
+    """Tried: drainctl audit with options that cannot work together or are not values."""
+    result = drainctl("audit", "--no-kubernetes", *args, env={"DRAIN_DATABASE_URL": ledger_url})
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_audit_of_a_clean_ledger_exits_0_and_of_a_broken_one_1(ledger_url: str) -> None:
+    """Tried: drainctl audit --no-kubernetes --json on an empty ledger (clean, exit 0),
+    then with an operation left past its deadline (exit 1, one finding, one Error line)."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.ledger import Ledger, OperationKind
+
+    clean = drainctl("audit", "--no-kubernetes", "--json", env={"DRAIN_DATABASE_URL": ledger_url})
+    assert clean.returncode == ExitCode.OK, clean.stderr
+    assert json.loads(clean.stdout)["clean"] is True
+    ledger = Ledger.from_url(ledger_url)
+    try:
+        op = ledger.begin_operation(
+            OperationKind.DRAIN, task_uid="u", namespace="ns", name="t", idempotency_key="k",
+            deadline_at=datetime.now(UTC) - timedelta(hours=1),
+        )  # fmt: skip
+    finally:
+        ledger.dispose()
+    broken = drainctl("audit", "--no-kubernetes", "--json", env={"DRAIN_DATABASE_URL": ledger_url})
+    assert_one_line_error(broken, ExitCode.FAILED, "the audit found 1 inconsistency")
+    findings = json.loads(broken.stdout)["findings"]
+    assert [(f["kind"], f["subject"]) for f in findings] == [
+        ("OperationOverdue", f"operation {op.id}")
+    ]
+    human = drainctl("audit", "--no-kubernetes", env={"DRAIN_DATABASE_URL": ledger_url})
+    assert f"OperationOverdue     operation {op.id}" in human.stdout
