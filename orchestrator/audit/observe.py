@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,23 +27,13 @@ from orchestrator.audit.checks import (
 )
 from orchestrator.ledger import CheckpointView
 from orchestrator.operator import crd
+from orchestrator.operator.lifecycle import parse_time
 from worker_agent import layout
 from worker_agent.session import SessionError, load_session
 
 PAGE: Final = 500
 """Objects per list request."""
 API_TIMEOUT_SECS: Final = 30.0
-
-
-def _parse_time(value: object) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _paged(list_call: Callable[..., Any]) -> Iterator[Any]:
@@ -94,8 +83,8 @@ def read_cluster() -> Cluster:
         agents = status.get("agents")
         cluster.tasks.append(TaskState(
             namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
-            phase=status.get("phase"), phase_since=_parse_time(status.get("phaseSince")),
-            created_at=_parse_time(meta.get("creationTimestamp")),
+            phase=status.get("phase"), phase_since=parse_time(status.get("phaseSince")),
+            created_at=parse_time(meta.get("creationTimestamp")),
             agents=int(agents) if isinstance(agents, int) else None,
             checkpoint_ref=status.get("checkpointRef"), pvc_name=status.get("pvcName"),
             deleting=bool(meta.get("deletionTimestamp")),

@@ -68,6 +68,7 @@ from orchestrator.operator.lifecycle import (
     merge_conditions,
     operation_key,
     parse_spec,
+    parse_time,
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
@@ -124,15 +125,6 @@ def _now() -> datetime:
 
 def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_iso(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _arrived(activity: ActivityView) -> datetime:
@@ -662,7 +654,7 @@ class Reconciler:
         activity = await self.latest_activity()
         if activity is None:
             return None
-        since = _parse_iso(self.status.get("phaseSince"))
+        since = parse_time(self.status.get("phaseSince"))
         if since is not None and _arrived(activity) < since:
             return None
         return activity
@@ -678,7 +670,7 @@ class Reconciler:
         return RecoveryHistory(
             count=int(self.status.get("recoveries") or 0),
             streak=int(self.status.get("recoveryStreak") or 0),
-            last_at=_parse_iso(self.status.get("lastRecoveryAt")),
+            last_at=parse_time(self.status.get("lastRecoveryAt")),
         )
 
     def heartbeat_age(self, activity: ActivityView | None) -> float | None:
@@ -856,7 +848,7 @@ class Reconciler:
 
     def recovered(self, counts: AgentCounts) -> None:
         """The Normal event that ends a disruption: every agent with work left is live."""
-        since = _parse_iso(self.status.get("disruptedAt"))
+        since = parse_time(self.status.get("disruptedAt"))
         if since is None or counts.interrupted:
             return
         secs = (self.now - since).total_seconds()

@@ -386,6 +386,17 @@ def sandbox_version_problem(api_version: str, api: SandboxApi | None) -> str | N
     return None
 
 
+def parse_time(value: object) -> datetime | None:
+    """A timestamp as the status and metadata write it (``2026-12-03T12:00:00Z``), or
+    None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:
     """The Sandbox spec change that stops (or restarts) its pod, per API version."""
     if api_version == SANDBOX_V1BETA1:
