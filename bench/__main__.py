@@ -1,9 +1,9 @@
 """``python -m bench``: run the benchmarks, print the report, optionally record it.
 
-``python -m bench [--scenario drain|pipeline|delete|recovery ...] [--quick] [--write]``. Exit 0
-when every check passes (under ``--quick`` the budgets are advisory: small N and one
-repetition say nothing about them, so only correctness decides), 1 when a budget is
-missed, 2 when a correctness check fails or a scenario errors.
+``python -m bench [--scenario drain|pipeline|delete|recovery|audit ...] [--quick]
+[--write]``. Exit 0 when every check passes (under ``--quick`` the budgets are advisory:
+small N and one repetition say nothing about them, so only correctness decides), 1 when
+a budget is missed, 2 when a correctness check fails or a scenario errors.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 import time
 import traceback
 
-from bench import delete, drain, pipeline, recovery, report
+from bench import audit_cost, delete, drain, pipeline, recovery, report
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
@@ -29,6 +29,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
         if name == "recovery":
             return recovery.run(args.quick, root, args.redis_port)
+        if name == "audit":
+            return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
         return delete.run(args.quick, root, args.redis_port)
 
 
@@ -52,6 +54,21 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url",
         default=None,
         help="pipeline ledger (its tables are dropped); default SQLite",
+    )
+    parser.add_argument(
+        "--audit-database-url",
+        default=None,
+        help=f"audit ledger (created if missing, its tables dropped); default "
+        f"{audit_cost.DATABASE_URL}",
+    )
+    parser.add_argument(
+        "--audit-fleet",
+        type=int,
+        action="append",
+        metavar="N",
+        help="audit fleet size (repeatable; default "
+        f"{', '.join(map(str, audit_cost.SIZES))}, --quick "
+        f"{', '.join(map(str, audit_cost.QUICK_SIZES))})",
     )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])

@@ -36,7 +36,7 @@ PAGE: Final = 500
 API_TIMEOUT_SECS: Final = 30.0
 
 
-def _paged(list_call: Callable[..., Any]) -> Iterator[Any]:
+def paged(list_call: Callable[..., Any]) -> Iterator[Any]:
     """Every item of a list call, ``PAGE`` at a time (dicts for custom objects, models
     otherwise)."""
     token: str | None = None
@@ -58,7 +58,7 @@ def _paged(list_call: Callable[..., Any]) -> Iterator[Any]:
 def _custom(group: str, version: str, plural: str) -> Iterator[dict[str, Any]]:
     api = client.CustomObjectsApi()
     try:
-        yield from _paged(lambda **kw: api.list_cluster_custom_object(group, version, plural, **kw))
+        yield from paged(lambda **kw: api.list_cluster_custom_object(group, version, plural, **kw))
     except ApiException as exc:
         if exc.status != 404:  # not served: there are none
             raise
@@ -91,12 +91,12 @@ def read_cluster() -> Cluster:
             disruption=status.get("disruption"),
             consistent=_condition(status, "Consistent"),
         ))  # fmt: skip
-    stored = _sandbox_storage_version()
+    stored = sandbox_storage_version()
     if stored is not None:
         for obj in _custom(crd.SANDBOX_GROUP, stored, crd.SANDBOX_PLURAL):
             cluster.sandboxes.append(_sandbox(f"{crd.SANDBOX_GROUP}/{stored}", obj))
     core = client.CoreV1Api()
-    for pod in _paged(core.list_pod_for_all_namespaces):
+    for pod in paged(core.list_pod_for_all_namespaces):
         volumes = (pod.spec.volumes if pod.spec else None) or []
         owners = pod.metadata.owner_references or []
         cluster.pods.append(PodState(
@@ -106,7 +106,7 @@ def read_cluster() -> Cluster:
             controller_uid=next((o.uid for o in owners if o.controller), None),
             terminating=pod.metadata.deletion_timestamp is not None,
         ))  # fmt: skip
-    for pvc in _paged(core.list_persistent_volume_claim_for_all_namespaces):
+    for pvc in paged(core.list_persistent_volume_claim_for_all_namespaces):
         meta = pvc.metadata
         cluster.pvcs.append(PvcState(
             namespace=str(meta.namespace), name=str(meta.name),
@@ -130,7 +130,7 @@ def read_cluster() -> Cluster:
     return cluster
 
 
-def _sandbox_storage_version() -> str | None:
+def sandbox_storage_version() -> str | None:
     """The version Sandboxes are stored as: read at it, each shows the suspension field
     it was written with, whichever version the operator or a user wrote it at (without
     a conversion webhook the other version's view lacks it). None: no Sandbox CRD."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 OVERDUE_SCAN = 1000
 """Unfinished operations past their deadline one run looks at."""
+PAGE = 500
+"""Checkpoints read from the ledger at a time."""
 
 
 @dataclass
@@ -178,48 +180,61 @@ class Auditor:
     def checkpoint_checks(
         self, cluster: Cluster, total: int, everything: bool, counts: dict[str, int]
     ) -> list[Finding]:
+        """The workspace pass and (with ``audit_volumes_dir``) the contents pass, each
+        over pages of restorable checkpoints from its cursor: every checkpoint for a
+        one-shot; for a periodic run, its share (``Rotation.share``), the contents pass
+        going on past its share (up to the checkpoint batch) until it has read
+        ``audit_session_batch`` sessions."""
         s = self.settings
+        share = total if everything else Rotation.share(
+            total, s.audit_checkpoint_batch, s.audit_interval_secs, s.audit_full_pass_secs
+        )  # fmt: skip
         found: list[Finding] = []
         if self.kubernetes:
-            share = total if everything else Rotation.share(
-                total, s.audit_checkpoint_batch, s.audit_interval_secs, s.audit_full_pass_secs
-            )  # fmt: skip
-            batch, self.rotation.workspaces_after = self.take(self.rotation.workspaces_after,
-                                                              share)  # fmt: skip
-            found += check_checkpoint_workspaces(batch, cluster)
-            counts["checkpoints_checked"] = len(batch)
+            checked = 0
+            for page in self.walk(self.rotation.workspaces_after, share):
+                found += check_checkpoint_workspaces(page, cluster)
+                checked += len(page)
+                self.rotation.workspaces_after = page[-1].id
+            counts["checkpoints_checked"] = checked
         counts["sessions_checked"] = 0
         if self.volumes is None:
             return found
-        share = total if everything else Rotation.share(
+        need = total if everything else Rotation.share(
             total, 1, s.audit_interval_secs, s.audit_full_pass_secs
         )  # fmt: skip
-        after, sessions, taken = self.rotation.contents_after, 0, 0
-        while taken < total and (everything or taken < share or sessions < s.audit_session_batch):
-            batch, after = self.take(after, min(100, total - taken))
-            if not batch:
-                break
-            taken += len(batch)
-            readable = self.readable(batch, cluster)
-            for checkpoint, directory, where in readable:
+        sessions = taken = 0
+        for page in self.walk(self.rotation.contents_after, share):
+            for checkpoint, directory, where in self.readable(page, cluster):
                 readings = read_sessions(directory, checkpoint)
                 sessions += len(readings)
                 found += check_sessions(checkpoint, where, readings)
-        self.rotation.contents_after = after
+            taken += len(page)
+            self.rotation.contents_after = page[-1].id
+            if taken >= need and sessions >= s.audit_session_batch:
+                break
         counts["sessions_checked"] = sessions
         return found
 
-    def take(self, after: int, count: int) -> tuple[list[CheckpointView], int]:
-        """Up to ``count`` restorable checkpoints after id ``after``, wrapping around
-        once; and the cursor after them."""
-        if count <= 0:
-            return [], after
-        batch = self.ledger.available_checkpoints_after(after, count)
-        if len(batch) < count and after > 0:
-            seen = {c.id for c in batch}
-            more = self.ledger.available_checkpoints_after(0, count - len(batch))
-            batch += [c for c in more if c.id not in seen and c.id <= after]
-        return batch, (batch[-1].id if batch else 0)
+    def walk(self, start: int, count: int) -> Iterator[list[CheckpointView]]:
+        """Up to ``count`` restorable checkpoints after id ``start``, ``PAGE`` at a time,
+        wrapping around to the lowest ids once (never past ``start`` again)."""
+        after, wrapped, left = start, False, count
+        while left > 0:
+            want = min(PAGE, left)
+            page = self.ledger.available_checkpoints_after(after, want)
+            full = len(page) == want
+            if wrapped:
+                page = [c for c in page if c.id <= start]
+                full = full and len(page) == want
+            if page:
+                left -= len(page)
+                after = page[-1].id
+                yield page
+            if not full:
+                if wrapped or start == 0:
+                    return
+                wrapped, after = True, 0
 
     def readable(
         self, batch: Sequence[CheckpointView], cluster: Cluster

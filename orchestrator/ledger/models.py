@@ -163,6 +163,8 @@ class Operation(Base):
         CheckConstraint(_one_of("state", OperationState), name="state"),
         Index("ix_operations_namespace_name", "namespace", "name"),
         Index("ix_operations_task_uid", "task_uid"),
+        Index("ix_operations_checkpoint_ref", "checkpoint_ref"),
+        Index("ix_operations_deadline_at", "deadline_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -196,6 +198,7 @@ class Checkpoint(Base):
     __table_args__ = (
         CheckConstraint(_one_of("reason", CheckpointReason), name="reason"),
         Index("ix_checkpoints_namespace_name", "namespace", "name"),
+        Index("ix_checkpoints_namespace_pvc_name", "namespace", "pvc_name"),
     )
 
     id: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=True)

@@ -38,7 +38,7 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, create_engine, event, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
@@ -775,17 +775,17 @@ class Ledger:
     def newest_refs_of_pvcs(self, pvcs: Collection[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """For each (namespace, PVC), the ref of its newest checkpoint (available or not)."""
         newest: dict[tuple[str, str], tuple[datetime, int, str]] = {}
-        names = sorted({pvc for _, pvc in pvcs})
+        wanted = sorted(set(pvcs))
         with self._sessions.begin() as session:
-            for start in range(0, len(names), AUDIT_IN_BATCH):
-                chunk = names[start : start + AUDIT_IN_BATCH]
+            for start in range(0, len(wanted), AUDIT_IN_BATCH):
+                chunk = wanted[start : start + AUDIT_IN_BATCH]
                 query = select(
                     Checkpoint.namespace, Checkpoint.pvc_name, Checkpoint.created_at,
                     Checkpoint.id, Checkpoint.ref,
-                ).where(Checkpoint.pvc_name.in_(chunk))  # fmt: skip
+                ).where(tuple_(Checkpoint.namespace, Checkpoint.pvc_name).in_(chunk))  # fmt: skip
                 for namespace, pvc, created, row_id, ref in session.execute(query):
                     key = (namespace, str(pvc))
-                    if key in pvcs and (key not in newest or newest[key][:2] < (created, row_id)):
+                    if key not in newest or newest[key][:2] < (created, row_id):
                         newest[key] = (created, row_id, ref)
         return {key: ref for key, (_, _, ref) in newest.items()}
 
@@ -801,16 +801,14 @@ class Ledger:
                 (pvcs, Checkpoint.pvc_name, used_pvcs),
                 (snapshots, Checkpoint.snapshot_name, used_snapshots),
             ):
-                names = sorted({name for _, name in wanted})
-                for start in range(0, len(names), AUDIT_IN_BATCH):
-                    chunk = names[start : start + AUDIT_IN_BATCH]
+                keys = sorted(set(wanted))
+                for start in range(0, len(keys), AUDIT_IN_BATCH):
+                    chunk = keys[start : start + AUDIT_IN_BATCH]
                     query = select(Checkpoint.namespace, column).where(
-                        Checkpoint.unavailable.is_(None), column.in_(chunk)
+                        Checkpoint.unavailable.is_(None),
+                        tuple_(Checkpoint.namespace, column).in_(chunk),
                     )
-                    into.update(
-                        (ns, str(name)) for ns, name in session.execute(query)
-                        if (ns, name) in wanted
-                    )  # fmt: skip
+                    into.update((ns, str(name)) for ns, name in session.execute(query))
         return used_pvcs, used_snapshots
 
     def drain_record_problems(self, limit: int = 100) -> list[str]:

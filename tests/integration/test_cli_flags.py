@@ -314,6 +314,7 @@ def test_log_level_is_the_only_spelling() -> None:
             if isinstance(param, click.Option) and any("level" in opt for opt in param.opts):
                 spellings.setdefault(path, []).append((param.opts[0], param.hidden))
     assert spellings == {
+        "drainctl audit": [("--log-level", False)],
         "drainctl daemon": [("--log-level", False)],
         "drainctl dev cluster": [("--log-level", False)],
         "drainctl dev up": [("--log-level", False)],
