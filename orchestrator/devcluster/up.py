@@ -256,7 +256,8 @@ async def run_dev_up(
             f"  {snapshot_line}\n"
             f"  audit every {env.get('DRAIN_AUDIT_INTERVAL_SECS', '60')}s: report "
             f"{state_dir / AUDIT_REPORT_FILE}, metrics http://127.0.0.1:{metrics_port}/metrics; "
-            f"now: drainctl audit --volumes {state_dir / SANDBOXES_DIR}",
+            f"now: DRAIN_DATABASE_URL={env['DRAIN_DATABASE_URL']} drainctl audit --kubeconfig "
+            f"{kubeconfig} --volumes {state_dir / SANDBOXES_DIR}",
             flush=True,
         )
         try:
