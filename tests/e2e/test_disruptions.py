@@ -61,10 +61,6 @@ def stack() -> Iterator[DevStack]:
 # ------------------------------------------------------------------------ helpers
 
 
-def pvc_of(stack: DevStack, name: str) -> str:
-    return str(wait_until(lambda: stack.status("default", name).get("pvcName"), 60, "a PVC"))
-
-
 def saved_turns(stack: DevStack, pvc: str) -> dict[str, int]:
     return {d.name: load_session(d).turns for d in stack.agent_dirs("default", pvc)
             if layout.session_file(d).exists()}  # fmt: skip
@@ -175,7 +171,7 @@ def start_task(stack: DevStack, name: str, model: str = MODEL, **lifecycle: str)
     manifest = task_manifest(name, agents=AGENTS, model=model, **lifecycle)
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", name, "Running")
-    pvc = pvc_of(stack, name)
+    pvc = stack.pvc_of(name)
     wait_until(lambda: len(saved_turns(stack, pvc)) == AGENTS
                and min(saved_turns(stack, pvc).values()) >= 2, 60, "agents mid-work")  # fmt: skip
     uid = str(stack.task("default", name)["metadata"]["uid"])  # type: ignore[index]

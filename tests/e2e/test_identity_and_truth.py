@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from orchestrator.ledger import OperationKind
@@ -26,8 +25,6 @@ from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
 from worker_agent import layout
-from worker_agent.children import descendants
-from worker_agent.session import load_session
 from worker_agent.testing import DRAINCTL
 
 pytestmark = pytest.mark.slow
@@ -51,42 +48,10 @@ def stack() -> Iterator[DevStack]:
         dev.close()
 
 
-def pvc_of(stack: DevStack, name: str, namespace: str = "default") -> str:
-    return str(wait_until(lambda: stack.status(namespace, name).get("pvcName"), 60, "a PVC"))
-
-
 def uid_of(stack: DevStack, name: str, namespace: str = "default") -> str:
     task = stack.task(namespace, name)
     assert task is not None, f"{namespace}/{name} does not exist"
     return str(task["metadata"]["uid"])
-
-
-def turns_on_disk(stack: DevStack, pvc: str, namespace: str = "default") -> dict[str, int]:
-    return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
-            if layout.session_file(d).exists()}  # fmt: skip
-
-
-def wait_turns(stack: DevStack, pvc: str, count: int, at_least: int) -> None:
-    def enough() -> bool:
-        turns = turns_on_disk(stack, pvc)
-        return len(turns) == count and all(t >= at_least for t in turns.values())
-
-    wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
-
-
-def daemon_pids(stack: DevStack, pvc: str, namespace: str = "default") -> list[int]:
-    """The stack's processes serving ``pvc``'s volume as their store (the daemon, and the
-    pod's reaper, which carries its argv)."""
-    volume = str(stack.volume(namespace, pvc))
-    found = []
-    for pid in descendants(stack.pid):
-        try:
-            argv = psutil.Process(pid).cmdline()
-        except psutil.Error:
-            continue
-        if "--store" in argv and argv[argv.index("--store") + 1] == volume:
-            found.append(pid)
-    return found
 
 
 def never(condition: Callable[[], bool], secs: float, what: str) -> None:
@@ -95,15 +60,6 @@ def never(condition: Callable[[], bool], secs: float, what: str) -> None:
     while time.monotonic() < deadline:
         assert not condition(), f"unexpected: {what}"
         time.sleep(0.1)
-
-
-def events_of(stack: DevStack, name: str, namespace: str = "default") -> list[dict[str, str]]:
-    listed = stack.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-    return [
-        {"type": e.get("type", ""), "reason": e.get("reason", ""), "message": e.get("message", "")}
-        for e in json.loads(listed)["items"]
-        if e.get("involvedObject", {}).get("name") == name
-    ]
 
 
 # ------------------------------------------------------------------ bound to the uid
@@ -120,9 +76,9 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
     stack.wait_phase("default", "reborn", "Running")
     old_uid = uid_of(stack, "reborn")
     sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/reborn"
-    old_pvc = pvc_of(stack, "reborn")
+    old_pvc = stack.pvc_of("reborn")
     stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
-    wait_until(lambda: not daemon_pids(stack, old_pvc), 90, "the old daemon to exit")
+    wait_until(lambda: not stack.daemon_pids(old_pvc), 90, "the old daemon to exit")
     stack.kubectl("delete", "ctask", "reborn", timeout=120)
     stale = stack.ledger.find_operation(f"{old_uid}:delete")
     assert stale is not None, "the deletion sent no drain"
@@ -132,7 +88,7 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
     assert stack.apply(task_manifest("reborn", model="turns=100000,turn_ms=100")).returncode == 0
     stack.wait_phase("default", "reborn", "Running")
     new_uid = uid_of(stack, "reborn")
-    pvc = pvc_of(stack, "reborn")
+    pvc = stack.pvc_of("reborn")
     entry = layout.op_entry(stack.volume("default", pvc), stale.id, "drain")
     wait_until(entry.exists, 60, "the new daemon to receive the stale drain")
     answered = json.loads(entry.read_text())
@@ -142,10 +98,10 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
         f"uid {new_uid} (a message of a deleted task of the same name)"
     )
     # The new agents never stopped: each goes on doing turns after the refusal.
-    before = turns_on_disk(stack, pvc)
+    before = stack.turns_on_disk(pvc)
     assert len(before) == 2
     wait_until(
-        lambda: all(turns_on_disk(stack, pvc)[a] > t + 2 for a, t in before.items()),
+        lambda: all(stack.turns_on_disk(pvc)[a] > t + 2 for a, t in before.items()),
         30,
         "both new agents to go on after the stale drain",
     )
@@ -169,14 +125,14 @@ def test_a_sandbox_deleted_under_a_running_task_is_recreated_and_its_agents_resu
     at ``turns + 1`` on the same workspace."""
     assert stack.apply(task_manifest("unsandboxed")).returncode == 0
     stack.wait_phase("default", "unsandboxed", "Running")
-    pvc = pvc_of(stack, "unsandboxed")
-    wait_turns(stack, pvc, 2, 2)
+    pvc = stack.pvc_of("unsandboxed")
+    stack.wait_turns(pvc, 2, 2)
     sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/unsandboxed"
     old_uid = json.loads(stack.kubectl("get", sandbox, "-o", "json").stdout)["metadata"]["uid"]
 
     stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
-    wait_until(lambda: not daemon_pids(stack, pvc), 90, "the daemon to go with its Sandbox")
-    saved = turns_on_disk(stack, pvc)
+    wait_until(lambda: not stack.daemon_pids(pvc), 90, "the daemon to go with its Sandbox")
+    saved = stack.turns_on_disk(pvc)
     stack.wait_phase("default", "unsandboxed", "Provisioning", timeout=60)
     assert stack.status("default", "unsandboxed")["agents"] == 0
 
@@ -187,13 +143,13 @@ def test_a_sandbox_deleted_under_a_running_task_is_recreated_and_its_agents_resu
     wait_until(recreated, 60, "the Sandbox to be re-created")
     stack.wait_phase("default", "unsandboxed", "Running", timeout=120)
     wait_until(
-        lambda: all(turns_on_disk(stack, pvc).get(a, 0) > t for a, t in saved.items()),
+        lambda: all(stack.turns_on_disk(pvc).get(a, 0) > t for a, t in saved.items()),
         60,
         "every agent to continue on the same workspace",
     )
-    assert set(turns_on_disk(stack, pvc)) == set(saved)  # the same agents, none fresh
+    assert set(stack.turns_on_disk(pvc)) == set(saved)  # the same agents, none fresh
     assert stack.status("default", "unsandboxed")["agents"] == 2
-    reasons = [e["reason"] for e in events_of(stack, "unsandboxed") if e["type"] == "Warning"]
+    reasons = [e["reason"] for e in stack.events_of("unsandboxed") if e["type"] == "Warning"]
     assert "SandboxMissing" in reasons
     stack.kubectl("delete", "ctask", "unsandboxed", timeout=120)
     kept = stack.ledger.latest_checkpoint("default", "unsandboxed")
@@ -208,12 +164,12 @@ def test_deleting_a_task_whose_sandbox_is_gone_forces_its_checkpoint_without_the
     will start one, so waiting out the timeout would only hold the deletion."""
     assert stack.apply(task_manifest("orphaned", agents=1)).returncode == 0
     stack.wait_phase("default", "orphaned", "Running")
-    pvc = pvc_of(stack, "orphaned")
-    wait_turns(stack, pvc, 1, 2)
+    pvc = stack.pvc_of("orphaned")
+    stack.wait_turns(pvc, 1, 2)
     uid = uid_of(stack, "orphaned")
     stack.kubectl("delete", "sandboxes.v1alpha1.agents.x-k8s.io/orphaned", "--wait=true",
                   timeout=120)  # fmt: skip
-    wait_until(lambda: not daemon_pids(stack, pvc), 90, "the daemon to go with its Sandbox")
+    wait_until(lambda: not stack.daemon_pids(pvc), 90, "the daemon to go with its Sandbox")
     stack.kubectl("delete", "ctask", "orphaned", "--wait=false")
 
     wait_until(lambda: stack.task("default", "orphaned") is None, 60, "the task to be gone")
@@ -223,7 +179,7 @@ def test_deleting_a_task_whose_sandbox_is_gone_forces_its_checkpoint_without_the
     (checkpoint,) = stack.ledger.list_checkpoints("default", "orphaned")
     assert checkpoint.forced and checkpoint.pvc_name == pvc
     # What the daemon's own SIGTERM drain flushed is on the PVC the checkpoint names.
-    assert turns_on_disk(stack, pvc) and all(t >= 2 for t in turns_on_disk(stack, pvc).values())
+    assert stack.turns_on_disk(pvc) and all(t >= 2 for t in stack.turns_on_disk(pvc).values())
 
 
 # ----------------------------------------------------- a restore, or a clear failure
@@ -233,8 +189,8 @@ def deleted_with_checkpoint(stack: DevStack, name: str) -> tuple[str, str]:
     """A task run, then deleted: its checkpoint's ref and retained PVC."""
     assert stack.apply(task_manifest(name, agents=1)).returncode == 0
     stack.wait_phase("default", name, "Running")
-    pvc = pvc_of(stack, name)
-    wait_turns(stack, pvc, 1, 1)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, 1)
     stack.kubectl("delete", "ctask", name, timeout=120)
     checkpoint = stack.ledger.latest_checkpoint("default", name)
     assert checkpoint is not None and checkpoint.verified
@@ -256,7 +212,7 @@ def assert_failed_without_starting(
     assert [(c["status"], c["reason"]) for c in resumed] == [("False", reason)]
     assert "no agents were started" in status["message"]
     assert status.get("agents", 0) == 0
-    warnings = [e for e in events_of(stack, name, namespace) if e["type"] == "Warning"]
+    warnings = [e for e in stack.events_of(name, namespace) if e["type"] == "Warning"]
     assert [e["reason"] for e in warnings] == [reason]
     # Nothing was created for it: no Sandbox, no PVC, no restore operation.
     sandboxes = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "-n", namespace,
@@ -302,14 +258,14 @@ def test_a_restored_task_runs_its_own_model_not_the_checkpoints(stack: DevStack)
     """Tried: a checkpoint of an agent on one model, restored by a task whose
     ``spec.task.model`` names another."""
     ref, old_pvc = deleted_with_checkpoint(stack, "first-model")
-    saved = turns_on_disk(stack, old_pvc)
+    saved = stack.turns_on_disk(old_pvc)
     manifest = restoring("second-model", ref)
     manifest["spec"]["task"]["model"] = "turns=100000,turn_ms=60"  # type: ignore[index]
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", "second-model", "Running")
-    pvc = pvc_of(stack, "second-model")  # its own copy of the checkpoint's workspace
+    pvc = stack.pvc_of("second-model")  # its own copy of the checkpoint's workspace
     wait_until(
-        lambda: all(turns_on_disk(stack, pvc).get(a, 0) > t for a, t in saved.items()),
+        lambda: all(stack.turns_on_disk(pvc).get(a, 0) > t for a, t in saved.items()),
         60,
         "the restored agent to continue",
     )
@@ -347,9 +303,9 @@ def test_a_delete_during_a_pause_drain_keeps_that_drains_one_checkpoint(
     """Tried: ``suspend: true``, then ``kubectl delete`` while the pause still drains."""
     assert stack.apply(task_manifest("paused-then-deleted", model=SLOW_TURNS)).returncode == 0
     stack.wait_phase("default", "paused-then-deleted", "Running")
-    pvc = pvc_of(stack, "paused-then-deleted")
+    pvc = stack.pvc_of("paused-then-deleted")
     uid = uid_of(stack, "paused-then-deleted")
-    wait_turns(stack, pvc, 2, 1)
+    stack.wait_turns(pvc, 2, 1)
 
     stack.kubectl("patch", "ctask", "paused-then-deleted", "--type", "merge",
                   "-p", '{"spec":{"lifecycle":{"suspend":true}}}')  # fmt: skip
@@ -365,7 +321,7 @@ def test_a_delete_during_a_pause_drain_keeps_that_drains_one_checkpoint(
     assert stack.ledger.find_operation(f"{uid}:delete") is None  # no second drain
     assert stack.ledger.find_operation(f"{uid}:force") is None
     (checkpoint,) = checkpoints
-    assert {a.agent_id: a.turns for a in checkpoint.agents} == turns_on_disk(stack, pvc)
+    assert {a.agent_id: a.turns for a in checkpoint.agents} == stack.turns_on_disk(pvc)
     assert checkpoint.ref in stack.kubectl("get", "pvc", pvc, "-o", "json").stdout
 
 

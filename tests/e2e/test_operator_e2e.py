@@ -35,31 +35,11 @@ def stack() -> Iterator[DevStack]:
         dev.close()
 
 
-def pvc_of(stack: DevStack, namespace: str, name: str) -> str:
-    pvc = wait_until(
-        lambda: stack.status(namespace, name).get("pvcName"), 60, f"{name}'s workspace PVC"
-    )
-    return str(pvc)
-
-
-def turns_on_disk(stack: DevStack, namespace: str, pvc: str) -> dict[str, int]:
-    return {d.name: load_session(d).turns for d in stack.agent_dirs(namespace, pvc)
-            if layout.session_file(d).exists()}  # fmt: skip
-
-
-def wait_turns(stack: DevStack, namespace: str, pvc: str, count: int, at_least: int) -> None:
-    def enough() -> bool:
-        turns = turns_on_disk(stack, namespace, pvc)
-        return len(turns) == count and all(t >= at_least for t in turns.values())
-
-    wait_until(enough, 90, f"{count} agents in {pvc} with {at_least}+ turns")
-
-
 def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -> None:
     assert stack.apply(task_manifest("story", agents=2)).returncode == 0
     stack.wait_phase("default", "story", "Running")
-    pvc = pvc_of(stack, "default", "story")
-    wait_turns(stack, "default", pvc, 2, 2)
+    pvc = stack.pvc_of("story", "default")
+    stack.wait_turns(pvc, 2, 2, "default")
     listing = stack.kubectl("get", "ctask").stdout
     assert "story" in listing
     assert "Running" in listing
@@ -72,7 +52,7 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     assert checkpoint.task_uid == uid
     assert checkpoint.reason == "delete"
     assert checkpoint.verified
-    on_disk = turns_on_disk(stack, "default", pvc)
+    on_disk = stack.turns_on_disk(pvc, "default")
     assert {a.agent_id: a.turns for a in checkpoint.agents} == on_disk
     for agent in checkpoint.agents:
         directory = stack.volume("default", pvc) / agent.session_dir
@@ -86,19 +66,19 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     assert stack.apply(restored).returncode == 0
     stack.wait_phase("default", "story-again", "Running")
     # Restored into a fresh PVC of its own, filled from the checkpoint's VolumeSnapshot.
-    restored_pvc = pvc_of(stack, "default", "story-again")
+    restored_pvc = stack.pvc_of("story-again", "default")
     assert restored_pvc != pvc
     assert checkpoint.ref in stack.kubectl("get", "pvc", restored_pvc, "-o",
                                            "jsonpath={.spec.dataSource.name}").stdout  # fmt: skip
     saved = {a.agent_id: a.turns for a in checkpoint.agents}
     wait_until(
         lambda: all(
-            turns_on_disk(stack, "default", restored_pvc).get(i, 0) > t for i, t in saved.items()
+            stack.turns_on_disk(restored_pvc, "default").get(i, 0) > t for i, t in saved.items()
         ),
         90,
         "restored agents to do new turns",
     )
-    assert turns_on_disk(stack, "default", pvc) == on_disk  # the retained PVC is untouched
+    assert stack.turns_on_disk(pvc, "default") == on_disk  # the retained PVC is untouched
     for agent in checkpoint.agents:
         directory = stack.volume("default", restored_pvc) / agent.session_dir
         user_turns = [m["turn"] for m in load_session(directory).messages if m["role"] == "user"]
@@ -124,7 +104,7 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
     stack.wait_phase("default", "napper", "Running", timeout=120)
     transcripts = [
         layout.transcript_file(d)
-        for d in stack.agent_dirs("default", pvc_of(stack, "default", "napper"))
+        for d in stack.agent_dirs("default", stack.pvc_of("napper", "default"))
     ]
     wait_until(
         lambda: all('"from_turn": 3' in t.read_text() for t in transcripts),
@@ -139,18 +119,18 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
 def test_kubectl_patch_suspend_pauses_and_resumes(stack: DevStack) -> None:
     assert stack.apply(task_manifest("manual", agents=1)).returncode == 0
     stack.wait_phase("default", "manual", "Running")
-    wait_turns(stack, "default", pvc_of(stack, "default", "manual"), 1, 1)
+    stack.wait_turns(stack.pvc_of("manual", "default"), 1, 1, "default")
     stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
     stack.wait_phase("default", "manual", "Suspended")
-    frozen = turns_on_disk(stack, "default", pvc_of(stack, "default", "manual"))
+    frozen = stack.turns_on_disk(stack.pvc_of("manual", "default"), "default")
     assert stack.status("default", "manual")["pausedBy"] == "manual"
     stack.kubectl("patch", "ctask", "manual", "--type", "merge", "-p",
                   '{"spec": {"lifecycle": {"suspend": false}}}')  # fmt: skip
     stack.wait_phase("default", "manual", "Running")
     wait_until(
         lambda: all(
-            turns_on_disk(stack, "default", pvc_of(stack, "default", "manual"))[i] > t
+            stack.turns_on_disk(stack.pvc_of("manual", "default"), "default")[i] > t
             for i, t in frozen.items()
         ),
         60,
@@ -166,7 +146,7 @@ def test_deleting_a_suspended_task_keeps_its_pause_checkpoint_without_a_second_d
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", "resting", "Suspended", timeout=120)
     ref = stack.status("default", "resting")["checkpointRef"]
-    pvc = pvc_of(stack, "default", "resting")
+    pvc = stack.pvc_of("resting", "default")
     uid = stack.task("default", "resting")["metadata"]["uid"]  # type: ignore[index]
 
     stack.kubectl("delete", "ctask", "resting", timeout=120)
@@ -258,7 +238,7 @@ def test_operator_killed_mid_drain_completes_the_drain_once(stack: DevStack) -> 
                              drainGracePeriod="20s")  # fmt: skip
     assert stack.apply(manifest).returncode == 0
     stack.wait_phase("default", "restart", "Running")
-    wait_turns(stack, "default", pvc_of(stack, "default", "restart"), 2, 1)
+    stack.wait_turns(stack.pvc_of("restart", "default"), 2, 1, "default")
     uid = stack.task("default", "restart")["metadata"]["uid"]  # type: ignore[index]
     stack.kubectl("delete", "ctask", "restart", "--wait=false")
     stack.wait_phase("default", "restart", "Draining", timeout=30)
@@ -281,13 +261,13 @@ def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
         assert stack.apply(task_manifest("twin", namespace=namespace, agents=1)).returncode == 0
     for namespace in ("default", "team-b"):
         stack.wait_phase(namespace, "twin", "Running")
-    wait_turns(stack, "default", pvc_of(stack, "default", "twin"), 1, 1)
-    wait_turns(stack, "team-b", pvc_of(stack, "team-b", "twin"), 1, 1)
-    assert stack.volume("default", pvc_of(stack, "default", "twin")) != stack.volume(
-        "team-b", pvc_of(stack, "team-b", "twin")
+    stack.wait_turns(stack.pvc_of("twin", "default"), 1, 1, "default")
+    stack.wait_turns(stack.pvc_of("twin", "team-b"), 1, 1, "team-b")
+    assert stack.volume("default", stack.pvc_of("twin", "default")) != stack.volume(
+        "team-b", stack.pvc_of("twin", "team-b")
     )
     first_uid = stack.task("default", "twin")["metadata"]["uid"]  # type: ignore[index]
-    first_pvc = pvc_of(stack, "default", "twin")
+    first_pvc = stack.pvc_of("twin", "default")
     stack.kubectl("delete", "ctask", "twin", "-n", "default", timeout=120)
     assert stack.status("team-b", "twin")["phase"] == "Running"
     [mine] = [c for c in stack.ledger.list_checkpoints(namespace="default", name="twin")]
@@ -297,7 +277,7 @@ def test_same_name_in_two_namespaces_share_nothing(stack: DevStack) -> None:
     assert stack.apply(task_manifest("twin", agents=1)).returncode == 0
     stack.wait_phase("default", "twin", "Running")
     assert stack.task("default", "twin")["metadata"]["uid"] != first_uid  # type: ignore[index]
-    assert pvc_of(stack, "default", "twin") != first_pvc  # a new task, a new workspace
+    assert stack.pvc_of("twin", "default") != first_pvc  # a new task, a new workspace
     for namespace in ("default", "team-b"):
         stack.kubectl("delete", "ctask", "twin", "-n", namespace, timeout=120)
 
