@@ -145,8 +145,7 @@ def timed(call: Callable[[], T]) -> tuple[float, T]:
 
 def in_parallel(call: Callable[[T], object], items: Sequence[T]) -> None:
     with ThreadPoolExecutor(THREADS) as pool:
-        for _ in pool.map(call, items):
-            pass
+        list(pool.map(call, items))  # every result, so a failed call raises here
 
 
 def ensure_database(url: str) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.audit.findings import Finding, FindingKind
-from orchestrator.ledger import ActivityView, CheckpointView, OperationView
+from orchestrator.ledger import ActivityView, CheckpointView, DrainRecordProblem, OperationView
 from orchestrator.operator.lifecycle import HEARTBEATS_MISSED_BEFORE_SILENT, Phase
 from orchestrator.settings import Settings
 from worker_agent.contract import TaskNameError, daemon_queue
@@ -351,7 +351,7 @@ def check_daemons(
 
 def check_operations(
     overdue: Sequence[OperationView],
-    drain_problems: Sequence[str],
+    drain_problems: Sequence[DrainRecordProblem],
     now: datetime,
     limits: Thresholds,
     live_tasks: Mapping[tuple[str, str], TaskState],
@@ -371,8 +371,8 @@ def check_operations(
             op.namespace, task.name if task is not None and task.uid == op.task_uid else None,
         ))  # fmt: skip
     for problem in drain_problems:
-        found.append(Finding(FindingKind.DRAIN_RECORD, f"ledger: {problem.split(' (')[0]}",
-                             problem))  # fmt: skip
+        found.append(Finding(FindingKind.DRAIN_RECORD, f"ledger: {problem.subject}",
+                             problem.message))  # fmt: skip
     return found
 
 

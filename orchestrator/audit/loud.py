@@ -77,24 +77,23 @@ class Announcer:
 
     def announce(self, report: AuditReport, tasks: list[TaskState]) -> None:
         current = {f.key for f in report.findings}
+        by_name = {(t.namespace, t.name): t for t in tasks}
         for f in report.findings:
             if f.key in self.previous:
                 continue
             log.warning("audit_finding kind=%s subject=%s task=%s message=%s",
                         f.kind.value, f.subject, f.task, f.message)  # fmt: skip
-            if f.task is not None and f.namespace is not None:
-                self.event(f, {(t.namespace, t.name): t for t in tasks})
+            task = by_name.get((f.namespace or "", f.task or ""))
+            if task is not None:
+                self.event(f, task)
         for kind, subject in sorted(self.previous - current):
             log.info("audit_finding_cleared kind=%s subject=%s", kind, subject)
         self.previous = current
         if report.kubernetes:
             self.conditions(report.findings, tasks)
 
-    def event(self, finding: Finding, tasks: dict[tuple[str, str], TaskState]) -> None:
-        assert finding.namespace is not None and finding.task is not None
-        task = tasks.get((finding.namespace, finding.task))
-        if task is None:
-            return
+    @staticmethod
+    def event(finding: Finding, task: TaskState) -> None:
         now = datetime.now(UTC)
         body = {
             "apiVersion": "v1",

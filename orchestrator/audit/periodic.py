@@ -48,8 +48,7 @@ def run_periodically(
     while not stop.is_set():
         try:
             report = auditor.run(everything=False)
-            cluster_tasks = auditor.last_tasks
-            announcer.announce(report, cluster_tasks)
+            announcer.announce(report, auditor.last_tasks)
         except Exception as exc:  # an outage: say so, and try again next period
             log.warning("audit_failed error=%s: %s", type(exc).__name__, exc)
         else:

@@ -206,6 +206,15 @@ class ActivityView:
     agents_interrupted: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class DrainRecordProblem:
+    """Where the ledger breaks one checkpoint per drain (``drain_record_problems``)."""
+
+    subject: str
+    """What it is about: ``operation <id>`` or ``task <namespace>/<name>``."""
+    message: str
+
+
 # ----------------------------------------------------------------------------- engine
 
 
@@ -811,11 +820,11 @@ class Ledger:
                     into.update((ns, str(name)) for ns, name in session.execute(query))
         return used_pvcs, used_snapshots
 
-    def drain_record_problems(self, limit: int = 100) -> list[str]:
+    def drain_record_problems(self, limit: int = 100) -> list[DrainRecordProblem]:
         """Where the ledger breaks one checkpoint per drain: an operation recorded (or
         forced) without its checkpoint, one that failed yet has one, and a task with
-        more than one deletion checkpoint. One line each, at most ``limit`` of each."""
-        problems: list[str] = []
+        more than one deletion checkpoint. At most ``limit`` of each."""
+        problems: list[DrainRecordProblem] = []
         with self._sessions.begin() as session:
             produced = select(Checkpoint.operation_id)
             missing = (
@@ -826,10 +835,11 @@ class Ledger:
                 .limit(_limit(limit))
             )  # fmt: skip
             for op in session.scalars(missing):
-                problems.append(
+                problems.append(DrainRecordProblem(
+                    f"operation {op.id}",
                     f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) is {op.state} "
-                    "but the ledger holds no checkpoint for it"
-                )
+                    "but the ledger holds no checkpoint for it",
+                ))  # fmt: skip
             failed = (
                 select(Operation, Checkpoint.ref)
                 .join(Checkpoint, Checkpoint.operation_id == Operation.id)
@@ -837,10 +847,11 @@ class Ledger:
                 .limit(_limit(limit))
             )
             for op, ref in session.execute(failed):
-                problems.append(
+                problems.append(DrainRecordProblem(
+                    f"operation {op.id}",
                     f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) failed "
-                    f"({op.error}) yet recorded checkpoint {ref}"
-                )
+                    f"({op.error}) yet recorded checkpoint {ref}",
+                ))  # fmt: skip
             deletions = [CheckpointReason.DELETE.value, CheckpointReason.FORCED.value]
             doubled = (
                 select(Checkpoint.task_uid)
@@ -856,10 +867,11 @@ class Ledger:
                     .order_by(Checkpoint.id)
                 ).all()
                 namespace, name = rows[0][0], rows[0][1]
-                problems.append(
+                problems.append(DrainRecordProblem(
+                    f"task {namespace}/{name}",
                     f"task {namespace}/{name} (uid {task_uid}) has {len(rows)} deletion "
-                    f"checkpoints, one deletion records one: {', '.join(r[2] for r in rows)}"
-                )
+                    f"checkpoints, one deletion records one: {', '.join(r[2] for r in rows)}",
+                ))  # fmt: skip
         return problems
 
 

@@ -22,9 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text, update
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, text, update
 
 from orchestrator.audit.checks import Thresholds as AuditThresholds
 from orchestrator.audit.checks import check_operations
@@ -39,12 +37,14 @@ from orchestrator.ledger import (
     OperationState,
     OperationView,
     create_ledger_engine,
-    upgrade,
 )
 from orchestrator.ledger.models import Operation
 from orchestrator.ledger.repository import AUDIT_IN_BATCH
 from orchestrator.settings import Settings
-from tests.integration.test_ledger_postgres import SERVER, UNREACHABLE, Schema, fresh_schema
+
+# The PostgreSQL fixtures of the ledger's own tests (one private schema at head for the
+# module), imported so pytest finds them by name here too.
+from tests.integration.test_ledger_postgres import Schema, admin, schema_at_head  # noqa: F401
 from tests.pipeline_support import LEDGER_TABLES, fresh_sqlite
 from worker_agent.proto import ResumeRef
 
@@ -53,25 +53,6 @@ SHA = "cd" * 32
 
 
 # ------------------------------------------------------------------------- backends
-
-
-@pytest.fixture(scope="module")
-def pg_schema() -> Iterator[Schema]:
-    """One private schema at head for the module; skipped without a PostgreSQL server."""
-    admin = create_engine(SERVER, isolation_level="AUTOCOMMIT", poolclass=NullPool,
-                          connect_args={"connect_timeout": 3})  # fmt: skip
-    try:
-        with admin.connect():
-            pass
-    except OperationalError:
-        admin.dispose()
-        pytest.skip(UNREACHABLE)
-    try:
-        with fresh_schema(admin) as schema:
-            upgrade(schema.url)
-            yield schema
-    finally:
-        admin.dispose()
 
 
 @dataclass
@@ -86,7 +67,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if request.param == "sqlite":
         url = fresh_sqlite(tmp_path)
     else:
-        schema: Schema = request.getfixturevalue("pg_schema")
+        schema: Schema = request.getfixturevalue("schema_at_head")  # skips without a server
         url = schema.url
         engine = create_ledger_engine(url)
         with engine.begin() as connection:
@@ -365,7 +346,7 @@ def test_task_with_two_deletion_checkpoints_is_a_problem(ledger: Ledger) -> None
     second = forced(ledger, "force-delete:default/task-a:1")
     assert first.operation_id != second.operation_id
     problems = ledger.drain_record_problems()
-    assert problems == [
+    assert [p.message for p in problems] == [
         f"task default/task-a (uid uid-task-a) has 2 deletion checkpoints, one deletion "
         f"records one: {first.ref}, {second.ref}"
     ]
@@ -387,7 +368,10 @@ def test_deletions_are_counted_per_task_uid(ledger: Ledger) -> None:
     assert ledger.drain_record_problems() == []
     forced(ledger, "f2", uid="uid-new")
     [problem] = ledger.drain_record_problems()
-    assert problem.startswith("task default/task-a (uid uid-new) has 2 deletion checkpoints")
+    assert problem.subject == "task default/task-a"
+    assert problem.message.startswith(
+        "task default/task-a (uid uid-new) has 2 deletion checkpoints"
+    )
 
 
 def test_drain_record_problems_limit_each_kind(ledger: Ledger) -> None:
@@ -429,7 +413,7 @@ def test_operation_recorded_without_checkpoint_is_a_problem(backend: Backend) ->
                            .values(state=OperationState.RECORDED.value))  # fmt: skip
         connection.execute(update(Operation).where(Operation.id == force.id)
                            .values(state=OperationState.FORCED.value))  # fmt: skip
-    assert sorted(ledger.drain_record_problems()) == sorted([
+    assert sorted(p.message for p in ledger.drain_record_problems()) == sorted([
         f"operation {recorded.id} (delete-drain of default/task-a) is recorded but the ledger "
         "holds no checkpoint for it",
         f"operation {force.id} (force-delete of default/task-b) is forced but the ledger "
@@ -449,7 +433,7 @@ def test_failed_operation_with_a_checkpoint_is_a_problem(backend: Backend) -> No
     with backend.raw.begin() as connection:
         connection.execute(update(Operation).where(Operation.id == ckpt.operation_id)
                            .values(state=OperationState.FAILED.value, error="boom"))  # fmt: skip
-    assert ledger.drain_record_problems() == [
+    assert [p.message for p in ledger.drain_record_problems()] == [
         f"operation {ckpt.operation_id} (delete-drain of default/task-a) failed (boom) yet "
         f"recorded checkpoint {ckpt.ref}"
     ]

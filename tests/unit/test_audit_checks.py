@@ -46,6 +46,7 @@ from orchestrator.ledger import (
     CheckpointAgentView,
     CheckpointReason,
     CheckpointView,
+    DrainRecordProblem,
     Ledger,
     OperationKind,
     OperationState,
@@ -700,15 +701,21 @@ def test_drain_record_problems_become_findings() -> None:
     """Tried: the ledger's two kinds of problem line; each is one DrainRecord finding,
     its subject what the line is about."""
     problems = [
-        "operation op-9 (delete-drain of default/task-a) is recorded but the ledger holds no "
-        "checkpoint for it",
-        "task default/task-b (uid uid-b) has 2 deletion checkpoints, one deletion records one: "
-        "ckpt-1, ckpt-2",
+        DrainRecordProblem(
+            "operation op-9",
+            "operation op-9 (delete-drain of default/task-a) is recorded but the ledger holds "
+            "no checkpoint for it",
+        ),
+        DrainRecordProblem(
+            "task default/task-b",
+            "task default/task-b (uid uid-b) has 2 deletion checkpoints, one deletion records "
+            "one: ckpt-1, ckpt-2",
+        ),
     ]
     found = check_operations([], problems, NOW, LIMITS, {})
     assert found == [
-        Finding(FindingKind.DRAIN_RECORD, "ledger: operation op-9", problems[0]),
-        Finding(FindingKind.DRAIN_RECORD, "ledger: task default/task-b", problems[1]),
+        Finding(FindingKind.DRAIN_RECORD, "ledger: operation op-9", problems[0].message),
+        Finding(FindingKind.DRAIN_RECORD, "ledger: task default/task-b", problems[1].message),
     ]
 
 
