@@ -1,6 +1,8 @@
-"""``drainctl dev up|cluster``: the embedded Kubernetes API and the whole stack on one
-machine, for development. ``orchestrator.devcluster`` (and kmock behind it) is imported
-inside the commands only, so it is needed only when they run."""
+"""``drainctl dev up|cluster|controller``: the embedded Kubernetes API and the whole stack
+on one machine, for development (``controller``: the stand-in Sandbox controller alone,
+against an API already running, as the compose stack runs it). ``orchestrator.devcluster``
+(and kmock behind it) is imported inside the commands only, so it is needed only when
+they run."""
 
 from __future__ import annotations
 
@@ -124,6 +126,44 @@ def dev_cluster(port: int, kubeconfig: Path, crd_files: tuple[Path, ...], log_le
             on_ready=lambda url: click.echo(
                 f"Kubernetes API at {url}; kubectl --kubeconfig {kubeconfig} get ns"
             ),
+        )
+    except DevClusterError as exc:
+        raise OperationFailed(str(exc)) from None
+
+
+@dev.command("controller")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The pods' volumes, snapshot copies and logs (kept across restarts).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="KUBECONFIG",
+    required=True,
+    help="The API's kubeconfig (default: $KUBECONFIG); waited for if not there yet.",
+)
+@click.option(
+    "--wait",
+    "wait_secs",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds to wait for the kubeconfig to appear and the API to answer.",
+)
+@log_level_option
+def dev_controller(state_dir: Path, kubeconfig: Path, wait_secs: float, log_level: str) -> None:
+    """Run the stand-in Sandbox controller and CSI driver against a running API (drainctl
+    dev cluster), in the foreground, until SIGTERM or Ctrl-C: daemons as local processes."""
+    configure_logging(log_level)
+    from orchestrator.devcluster import DevClusterError
+    from orchestrator.devcluster.attached import run_attached_controller
+
+    try:
+        asyncio.run(
+            run_attached_controller(state_dir.resolve(), kubeconfig.resolve(), wait_secs=wait_secs)
         )
     except DevClusterError as exc:
         raise OperationFailed(str(exc)) from None

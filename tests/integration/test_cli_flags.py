@@ -317,6 +317,7 @@ def test_log_level_is_the_only_spelling() -> None:
         "drainctl audit": [("--log-level", False)],
         "drainctl daemon": [("--log-level", False)],
         "drainctl dev cluster": [("--log-level", False)],
+        "drainctl dev controller": [("--log-level", False)],
         "drainctl dev up": [("--log-level", False)],
         "drainctl operator": [("--log-level", False)],
         "drainctl worker": [("--log-level", False), ("--loglevel", True)],
