@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from worker_agent import proto
+from worker_agent.unixpath import connect
 
 
 class ControlError(Exception):
@@ -42,7 +43,7 @@ class SupervisorClient:
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             raw.settimeout(timeout)
             try:
-                raw.connect(str(socket_path))
+                connect(raw, socket_path)
             except OSError as exc:
                 raw.close()
                 raise ConnectionError(
@@ -129,3 +130,45 @@ class SupervisorClient:
         reply = self.call("status")
         assert isinstance(reply, proto.StatusReply)
         return reply
+
+    def attach(self, agent_id: str) -> str:
+        """The live agent's attach endpoint (``unix:PATH``)."""
+        reply = self.call("attach", id=agent_id)
+        assert isinstance(reply, proto.AttachAck)
+        return reply.endpoint
+
+    def prompt(self, agent_id: str, text: str) -> int:
+        """Queue ``text`` as the live agent's next turn, through its attach endpoint; the
+        prompts now queued. ``PromptRefused`` if the agent does not take it."""
+        return send_prompt(self.attach(agent_id), text, timeout=self._sock.gettimeout())
+
+
+class PromptRefused(Exception):
+    """The agent's attach endpoint did not accept a prompt; the message says why."""
+
+
+def send_prompt(endpoint: str, text: str, *, timeout: float | None = 60.0) -> int:
+    """Send one ``{"kind": "prompt"}`` line to an agent's attach endpoint (``unix:PATH``,
+    the reference worker's protocol: docs/daemon.md); the prompts now queued."""
+    scheme, _, path = endpoint.partition(":")
+    if scheme != "unix" or not path:
+        raise PromptRefused(f"attach endpoint {endpoint!r} is not unix:PATH")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(timeout)
+        try:
+            connect(raw, path)
+        except OSError as exc:
+            raise ConnectionError(
+                f"cannot connect to the agent at {path}: {exc.strerror or exc}"
+            ) from None
+        with raw.makefile("rwb") as stream:
+            stream.write(json.dumps({"kind": "prompt", "text": text}).encode() + b"\n")
+            stream.flush()
+            line = stream.readline()
+    if not line:
+        raise PromptRefused(f"the agent at {path} closed the connection without a reply")
+    reply = json.loads(line)
+    if not isinstance(reply, dict) or reply.get("kind") != "accepted":
+        error = reply.get("error") if isinstance(reply, dict) else reply
+        raise PromptRefused(f"the agent refused the prompt: {error}")
+    return int(reply.get("queued", 0))

@@ -26,7 +26,7 @@ import stat
 import time
 from pathlib import Path
 
-from worker_agent import proto
+from worker_agent import proto, unixpath
 from worker_agent.consumer_process import consumer_process
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
@@ -143,7 +143,7 @@ class ControlServer:
         old_umask = os.umask(0o177)
         try:
             unix = await asyncio.start_unix_server(
-                self._serve_local, path=str(path), limit=MAX_LINE_BYTES + 1
+                self._serve_local, sock=unixpath.bound(path), limit=MAX_LINE_BYTES + 1
             )
         finally:
             os.umask(old_umask)

@@ -41,6 +41,7 @@ from worker_agent.session import (
     load_session,
     save_session,
 )
+from worker_agent.unixpath import bound, connected
 
 EXIT_BAD_SESSION = 2
 EXIT_LOCKED = 3
@@ -73,7 +74,9 @@ class Reporter:
         if not self.socket_path:
             return
         try:
-            self._reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                sock=connected(self.socket_path)
+            )
         except OSError as exc:
             sys.stderr.write(f"worker: no status reports, cannot reach daemon: {exc}\n")
 
@@ -211,7 +214,7 @@ class Worker:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.agent_socket)
         try:
-            return await asyncio.start_unix_server(self._attach, path=self.agent_socket)
+            return await asyncio.start_unix_server(self._attach, sock=bound(self.agent_socket))
         except OSError as exc:
             sys.stderr.write(f"worker: attach endpoint unavailable: {exc}\n")
             return None

@@ -79,7 +79,7 @@ class _AgentsContext:
 @json_option
 @click.pass_context
 def agents(ctx: click.Context, socket_path: Path) -> None:
-    """Talk to a running daemon: ls, spawn, kill, rm, status, drain, resume."""
+    """Talk to a running daemon: ls, spawn, prompt, kill, rm, status, drain, resume."""
     ctx.obj = _AgentsContext(socket_path)
 
 
@@ -121,6 +121,21 @@ def agents_spawn(obj: _AgentsContext, /, count: int, **spec: Any) -> None:
     for _ in range(count):
         reply = obj.call("spawn", spec=clean)
         emit(reply, f"spawned {reply.id}  endpoint {reply.endpoint}")
+
+
+@agents.command("prompt")
+@click.argument("agent_id")
+@click.argument("text")
+@json_option
+@click.pass_obj
+def agents_prompt(obj: _AgentsContext, agent_id: str, text: str) -> None:
+    """Send TEXT to live agent AGENT_ID as its next turn (through its attach endpoint)."""
+    from worker_agent.client import SupervisorClient
+
+    # ConnectionError (exit 4), ControlError and PromptRefused (exit 1): errors.py.
+    with SupervisorClient(socket_path=obj.socket_path, timeout=60) as client:
+        queued = client.prompt(agent_id, text)
+    emit({"id": agent_id, "queued": queued}, f"prompt queued for {agent_id} ({queued} waiting)")
 
 
 @agents.command("kill")

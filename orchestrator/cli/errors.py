@@ -189,6 +189,10 @@ _TRANSLATIONS: tuple[tuple[tuple[str, ...], Translator], ...] = (
         lambda exc: OperationFailed(f"the daemon refused: {_first_line(exc)}"),
     ),
     (
+        ("worker_agent.client.PromptRefused",),
+        lambda exc: OperationFailed(_first_line(exc)),
+    ),
+    (
         # The daemon client's own ConnectionError ("cannot connect to the daemon at …").
         ("builtins.ConnectionError",),
         lambda exc: Unreachable(f"{_first_line(exc)}; is the daemon running?"),

@@ -118,6 +118,13 @@ def should_run(version: str, sandbox: dict[str, Any]) -> bool:
     return int(spec.get("replicas", 1) or 0) > 0
 
 
+def empty_dir(state_dir: Path, sandbox_uid: str, volume: str) -> Path:
+    """The directory that is emptyDir ``volume`` of Sandbox ``sandbox_uid``'s pod (where
+    the daemon's control socket is, for a user who talks to it directly). Per pod: a
+    re-created Sandbox never shares its old socket dir."""
+    return state_dir / "run" / sandbox_uid[:13] / volume
+
+
 class SandboxController:
     def __init__(self, state_dir: Path, interval: float = 0.3, env: dict[str, str] | None = None):
         self.state_dir = state_dir
@@ -132,8 +139,7 @@ class SandboxController:
         return csi.volume_dir(self.state_dir, namespace, claim)
 
     def empty_dir(self, sandbox_uid: str, volume: str) -> Path:
-        # Per pod, like an emptyDir: a re-created Sandbox never shares its old socket dir.
-        return self.state_dir / "run" / sandbox_uid[:13] / volume
+        return empty_dir(self.state_dir, sandbox_uid, volume)
 
     async def run(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)

@@ -1043,6 +1043,9 @@ async def _workspace_goes_with(r: Reconciler, why: str) -> None:
 
 async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
     r.set_status(checkpointRef=ref)
+    # Written now, not with the finalizer's removal: a task that goes at once would
+    # otherwise never show the checkpoint it was released with.
+    await kube.patch_task_status(r.namespace, r.name, dict(r.patch.status))
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS
     while not await r.snapshot_settled(ref):
         if time.monotonic() > follow_until:

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.errors import ExitCode
+from tests.integration.test_demo import run_json_demo, summary_problems
 from tests.pipeline_support import redis_db_url
 from tests.support import DaemonProcess, wait_until
 
@@ -385,6 +386,16 @@ def test_a_wheel_installed_with_dev_runs_drainctl_dev_up_outside_the_checkout(
     argv = [str(venv / "bin" / "drainctl"), "dev", "up", "--kubeconfig", str(kubeconfig),
             "--state-dir", str(elsewhere / "state")]  # fmt: skip
     _assert_serves_the_crds(argv, kubeconfig, cwd=elsewhere, env=env, within=120)
+
+
+@pytest.mark.slow
+def test_drainctl_demo_json_from_a_fresh_venv_tells_the_whole_story(
+    venv: Path, tmp_path: Path
+) -> None:
+    """What a newcomer's first command does, from the wheel alone: every step happened,
+    every agent's turns after each resume are at least those before, no lost turn."""
+    summary = run_json_demo([str(venv / "bin" / "drainctl")], tmp_path, _clean_env())
+    assert summary_problems(summary) == []
 
 
 # ------------------------------------------------------------- the daemon without them
