@@ -83,14 +83,20 @@ def _yes_no(flag: bool) -> str:
 @click.option(
     "--limit", default=50, show_default=True, type=click.IntRange(1), help="At most this many."
 )
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Print only the refs, one per line (for scripts)."
+)
 @json_option
-def ledger_ls(task: tuple[str, str] | None, limit: int) -> None:
+def ledger_ls(task: tuple[str, str] | None, limit: int, quiet: bool) -> None:
     """Checkpoints, newest first: forced (taken without a drain) and verified (every
     session's sha256 checked) are separate columns; WORKSPACE is GONE once a restore
     found the checkpoint's workspace deleted or prune released it (``ledger show`` says
     why); SNAPSHOT is ready when a VolumeSnapshot of the workspace can be restored."""
     namespace, name = task if task else (None, None)
     checkpoints = open_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
+    if quiet:
+        emit([c.ref for c in checkpoints], "\n".join(c.ref for c in checkpoints))
+        return
     emit(checkpoints, lambda: _checkpoint_table(checkpoints))
 
 
