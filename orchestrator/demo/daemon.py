@@ -1,4 +1,4 @@
-"""``drainctl demo``: the daemon story, end to end, on one machine with nothing installed.
+"""``drainctl demo --daemon-only``: the daemon story, end to end, with nothing installed.
 
 It starts a real supervisor daemon as a subprocess (through the testing kit,
 ``worker_agent.testing``), spawns scripted agents, drains them in the middle of their
