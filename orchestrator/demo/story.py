@@ -42,6 +42,8 @@ from typing import Any, Final
 
 import yaml
 
+from orchestrator.devcluster import csi
+from orchestrator.devcluster.up import LEDGER_FILE, SANDBOXES_DIR
 from orchestrator.operator import crd
 from orchestrator.testing import DevStackProcess
 from worker_agent import layout
@@ -325,9 +327,19 @@ class Story:
 
     # -- what is on disk and in the ledger
 
-    def volume(self, pvc: str) -> Path:
+    @property
+    def ledger_url(self) -> str:
         assert self.stack is not None
-        return self.stack.state / "sandboxes" / "volumes" / NAMESPACE / pvc
+        return f"sqlite:///{self.stack.state / LEDGER_FILE}"
+
+    @property
+    def sandboxes(self) -> Path:
+        """The stand-in Sandbox controller's dir: volumes, snapshot copies, pods' dirs."""
+        assert self.stack is not None
+        return self.stack.state / SANDBOXES_DIR
+
+    def volume(self, pvc: str) -> Path:
+        return csi.volume_dir(self.sandboxes, NAMESPACE, pvc)
 
     def sessions(self, pvc: str) -> dict[str, int]:
         """Completed turns of every agent whose session is on ``pvc``'s volume."""
@@ -346,7 +358,7 @@ class Story:
         from orchestrator.ledger import Ledger
 
         assert self.stack is not None
-        ledger = Ledger.from_url(f"sqlite:///{self.stack.state / 'ledger.db'}")
+        ledger = Ledger.from_url(self.ledger_url)
         try:
             checkpoint = ledger.get_checkpoint(ref)
         finally:
@@ -546,8 +558,8 @@ class Story:
         sandbox = self.custom().get_namespaced_custom_object(
             crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, name
         )
-        run = empty_dir(self.stack.state / "sandboxes", sandbox["metadata"]["uid"], "run")
-        path = run / "ctl.sock"
+        run = empty_dir(self.sandboxes, sandbox["metadata"]["uid"], crd.RUN_VOLUME)
+        path = run / crd.DAEMON_SOCKET_FILE
         with SupervisorClient(socket_path=path, timeout=30) as daemon:
             live = [a for a in daemon.agents() if a.status.value in ("running", "idle")]
             for agent in live:
@@ -559,7 +571,7 @@ class Story:
         from orchestrator.ledger import Ledger
 
         assert self.stack is not None
-        ledger = Ledger.from_url(f"sqlite:///{self.stack.state / 'ledger.db'}")
+        ledger = Ledger.from_url(self.ledger_url)
         try:
             newest = ledger.list_checkpoints(NAMESPACE, TASK, limit=1)
         finally:
@@ -570,22 +582,20 @@ class Story:
 
     def audit_command(self) -> str:
         assert self.stack is not None
-        state = self.stack.state
         return (
-            f"DRAIN_DATABASE_URL=sqlite:///{state / 'ledger.db'} drainctl audit --kubeconfig "
-            f"{self.stack.kubeconfig} --volumes {state / 'sandboxes'}"
+            f"DRAIN_DATABASE_URL={self.ledger_url} drainctl audit --kubeconfig "
+            f"{self.stack.kubeconfig} --volumes {self.sandboxes}"
         )
 
     def audit(self) -> list[str]:
         assert self.stack is not None
-        state = self.stack.state
         env = {
             **stack_environment(),
-            "DRAIN_DATABASE_URL": f"sqlite:///{state / 'ledger.db'}",
+            "DRAIN_DATABASE_URL": self.ledger_url,
             "KUBECONFIG": str(self.stack.kubeconfig),
         }
         result = subprocess.run(
-            [*DRAINCTL, "audit", "--json", "--volumes", str(state / "sandboxes")],
+            [*DRAINCTL, "audit", "--json", "--volumes", str(self.sandboxes)],
             capture_output=True, text=True, timeout=120, check=False, env=env,
         )  # fmt: skip
         if result.returncode not in (0, 1):

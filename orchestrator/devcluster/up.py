@@ -61,6 +61,9 @@ SANDBOXES_DIR: Final = "sandboxes"
 """The stand-in Sandbox controller's dir in the state dir: volumes, snapshot copies (the
 layout below it is ``csi``'s), pods' logs and emptyDirs."""
 
+LEDGER_FILE: Final = "ledger.db"
+"""The SQLite ledger in the state dir, unless ``DRAIN_DATABASE_URL`` says otherwise."""
+
 AUDIT_REPORT_FILE: Final = "audit-report.json"
 """The periodic auditor's latest report, in the state dir."""
 
@@ -120,7 +123,7 @@ def stack_environment(
     """The environment every process of the dev stack shares; with no
     ``DRAIN_BROKER_URL``, the embedded broker on ``embedded_broker_port``."""
     env = dict(os.environ)
-    env.setdefault("DRAIN_DATABASE_URL", f"sqlite:///{state_dir / 'ledger.db'}")
+    env.setdefault("DRAIN_DATABASE_URL", f"sqlite:///{state_dir / LEDGER_FILE}")
     if "DRAIN_BROKER_URL" not in env:
         if embedded_broker_port is None:
             raise ValueError("no DRAIN_BROKER_URL and no embedded broker port")

@@ -73,3 +73,14 @@ SNAPSHOT_CRD: Final = f"{SNAPSHOT_PLURAL}.{SNAPSHOT_GROUP}"
 DEFAULT_SNAPSHOT_CLASS_ANNOTATION: Final = "snapshot.storage.kubernetes.io/is-default-class"
 """``"true"`` on the VolumeSnapshotClass a driver's snapshots use when none is named."""
 DEFAULT_STORAGE_CLASS_ANNOTATION: Final = "storageclass.kubernetes.io/is-default-class"
+
+# ------------------------------------------------------------------ the daemon's pod
+
+WORKSPACE_MOUNT: Final = "/workspace"
+"""Where the daemon's container mounts the workspace PVC (its ``--store``)."""
+RUN_VOLUME: Final = "run"
+"""The pod's emptyDir for the daemon's control socket."""
+RUN_MOUNT: Final = "/run/caliband"
+DAEMON_SOCKET_FILE: Final = "ctl.sock"
+"""In :data:`RUN_MOUNT`: the daemon's control socket (``kubectl exec … drainctl agents
+--socket /run/caliband/ctl.sock …``)."""

@@ -594,7 +594,8 @@ class Reconciler:
 
     def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
         args = [
-            "daemon", "--store", "/workspace", "--socket", "/run/caliband/ctl.sock",
+            "daemon", "--store", crd.WORKSPACE_MOUNT,
+            "--socket", f"{crd.RUN_MOUNT}/{crd.DAEMON_SOCKET_FILE}",
             "--queue", daemon_queue(self.namespace, self.name), "--task-uid", self.uid,
             "--drain-grace", str(spec.drain_grace_secs),
             "--initial-agents", str(spec.agents), "--initial-provider", spec.provider,
@@ -615,14 +616,14 @@ class Reconciler:
                     "args": args,
                     "env": [{"name": "DRAIN_BROKER_URL", "value": broker}],
                     "volumeMounts": [
-                        {"name": "workspace", "mountPath": "/workspace"},
-                        {"name": "run", "mountPath": "/run/caliband"},
+                        {"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT},
+                        {"name": crd.RUN_VOLUME, "mountPath": crd.RUN_MOUNT},
                     ],
                 }
             ],
             "volumes": [
                 {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_name}},
-                {"name": "run", "emptyDir": {}},
+                {"name": crd.RUN_VOLUME, "emptyDir": {}},
             ],
         }
         suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
