@@ -44,3 +44,12 @@ bench-quick: env services
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# docker-compose.yml run for real (tests/compose): the engine installed and started by
+# scripts/docker-engine.sh when missing (and stopped again if it started it), the images
+# built from Debian's packages and cached by content hash. `make test` runs it last.
+.PHONY: compose-test
+compose-test: env
+	bash scripts/docker-engine.sh run -- $(PY) -m pytest -m compose --durations=0 tests/compose $(PYTEST_ARGS)
+
+test: compose-test

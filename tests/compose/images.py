@@ -171,3 +171,14 @@ def _complete_for(base: str, wheels: Path, rounds: int = 10) -> None:
         run(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
             "--only-binary=:all:", "--dest", str(wheels), *missing)  # fmt: skip
     raise ImageBuildFailed(f"the wheelhouse in {wheels} still misses requirements")
+
+
+def drop_other_builds(keep: str) -> None:
+    """Remove the project's images of other sources than ``keep`` and the dangling
+    layers of their builds: each run of a changed tree would otherwise leave one."""
+    listed = run("docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
+                 f"{REPOSITORY}/app")  # fmt: skip
+    stale = [tag for tag in listed.split() if tag != keep]
+    if stale:
+        run("docker", "image", "rm", *stale)
+    run("docker", "image", "prune", "--force")
