@@ -81,8 +81,21 @@ class Settings(BrokerSettings):
 
     @property
     def redelivery_secs(self) -> float:
-        """The longest a message whose consumer died takes to come back (Redis)."""
+        """The longest a message whose consumer died takes to come back.
+
+        Redis: the visibility timeout, noticed at the next restore sweep. RabbitMQ
+        redelivers when the consumer's connection closes: at once for a killed process,
+        and for one that vanished (its node gone) once it has missed heartbeats, which
+        RabbitMQ notices within two heartbeat timeouts."""
+        if self.amqp:
+            return 2 * self.broker_heartbeat_secs
         return self.visibility_timeout_secs + self.unacked_restore_interval_secs
+
+    @property
+    def _redelivery_settings(self) -> str:
+        if self.amqp:
+            return "2 * DRAIN_BROKER_HEARTBEAT_SECS"
+        return "DRAIN_VISIBILITY_TIMEOUT_SECS + DRAIN_UNACKED_RESTORE_INTERVAL_SECS"
 
     @model_validator(mode="after")
     def _redelivery_lands_in_time(self) -> Self:
@@ -96,10 +109,9 @@ class Settings(BrokerSettings):
         """
         if self.redelivery_secs >= self.drain_expires_secs:
             raise ValueError(
-                f"DRAIN_VISIBILITY_TIMEOUT_SECS + DRAIN_UNACKED_RESTORE_INTERVAL_SECS "
-                f"({self.redelivery_secs:g} s) must be less than DRAIN_DRAIN_EXPIRES_SECS "
-                f"({self.drain_expires_secs:g} s): a drain redelivered after its consumer died "
-                "would expire before it arrives"
+                f"{self._redelivery_settings} ({self.redelivery_secs:g} s) must be less than "
+                f"DRAIN_DRAIN_EXPIRES_SECS ({self.drain_expires_secs:g} s): a drain redelivered "
+                "after its consumer died would expire before it arrives"
             )
         needed = self.redelivery_secs + self.db_retry_window_secs + RECORD_SLACK_SECS
         if self.record_deadline_secs < needed:

@@ -1,5 +1,6 @@
-"""Test helpers for the Celery pipeline: real Redis, real PostgreSQL or SQLite, and the
-orchestrator worker, daemons (with their consumers) and ``drainctl`` as subprocesses."""
+"""Test helpers for the Celery pipeline: a real broker (Redis, or RabbitMQ with a vhost of
+each test's own), real PostgreSQL or SQLite, and the orchestrator worker, daemons (with
+their consumers) and ``drainctl`` as subprocesses."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -28,13 +32,34 @@ from orchestrator.testing import (
 )
 from tests.support import DaemonProcess, wait_until
 
-__all__ = ["LEDGER_TABLES", "Stack", "fresh_postgres", "fresh_sqlite", "redis_db_url"]
+__all__ = [
+    "BROKERS",
+    "LEDGER_TABLES",
+    "PipelineBroker",
+    "Stack",
+    "fresh_postgres",
+    "fresh_sqlite",
+    "pipeline_broker",
+    "redis_db_url",
+]
 
 PG_URL = os.environ.get("DRAIN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 """The PostgreSQL database the tests drop and migrate (``DRAIN_TEST_PG_URL`` points them at
 another, so that two checkouts can run their suites side by side)."""
 REDIS_PORT = int(os.environ.get("DRAIN_TEST_REDIS_PORT", "6379"))
 """The Redis server whose databases the tests flush (``DRAIN_TEST_REDIS_PORT``)."""
+PIPELINE_REDIS_DB = 3
+"""The Redis database of the pipeline modules (broker, and result backend with either
+broker); the e2e suites and the bench use 5 and 7 to 15."""
+AMQP_URL = os.environ.get("DRAIN_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+"""The RabbitMQ server in which each amqp test gets a vhost of its own
+(``DRAIN_TEST_AMQP_URL``; its user must be allowed to use the vhosts it is given)."""
+AMQP_HINT = (
+    "RabbitMQ is not reachable at {url}: start it with `rabbitmq-server -detached` "
+    "(or scripts/ensure-services.sh)"
+)
+BROKERS = ("redis", "amqp")
+"""The brokers the pipeline runs on; the broker-path tests run on each."""
 
 
 def free_port() -> int:
@@ -49,6 +74,58 @@ def redis_db_url(db: int = 9, port: int = REDIS_PORT) -> str:
         return flushed_redis(port, db)
     except ServerUnavailable as exc:
         pytest.skip(str(exc))
+
+
+@dataclass(frozen=True)
+class PipelineBroker:
+    """The broker of one test, and the result backend that goes with it."""
+
+    kind: str
+    url: str
+    results: str
+
+
+@contextlib.contextmanager
+def pipeline_broker(kind: str) -> Iterator[PipelineBroker]:
+    """An empty broker of ``kind`` (``redis`` or ``amqp``) for one test, or skip saying how
+    to start it. RabbitMQ keeps no results, so with it the results go to Redis."""
+    results = redis_db_url(PIPELINE_REDIS_DB)
+    if kind == "redis":
+        yield PipelineBroker(kind, results, results)
+        return
+    with rabbitmq_vhost() as url:
+        yield PipelineBroker(kind, url, results)
+
+
+def rabbitmqctl(*args: str) -> None:
+    try:
+        subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"rabbitmqctl {args[0]} failed ({exc}): each amqp test needs a vhost")
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """``AMQP_URL`` on a new vhost, deleted afterwards with every queue declared in it, so
+    that no test sees another's messages; or skip saying how to start RabbitMQ."""
+    from kombu import Connection
+
+    parts = urlsplit(AMQP_URL)
+    shown = urlunsplit(parts._replace(netloc=parts.hostname or ""))
+    try:
+        with Connection(AMQP_URL, connect_timeout=2) as probe:
+            probe.ensure_connection(max_retries=1, timeout=2)
+    except Exception:  # kombu's OperationalError, or the socket's own
+        pytest.skip(AMQP_HINT.format(url=shown))
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not installed: each amqp test needs a vhost of its own")
+    vhost = f"caliban-drain-test-{uuid.uuid4().hex[:12]}"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*")
+        yield urlunsplit(parts._replace(path=f"/{vhost}"))
+    finally:
+        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60)
 
 
 def fresh_postgres() -> str:
@@ -99,11 +176,19 @@ def start_redis(port: int) -> subprocess.Popen[bytes]:
 class Stack:
     """The pieces of one pipeline test, sharing one environment."""
 
-    def __init__(self, root: Path, broker: str, database: str, **overrides: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        broker: str,
+        database: str,
+        *,
+        results: str | None = None,
+        **overrides: str,
+    ) -> None:
         self.root = root
         self.env = {
             "DRAIN_BROKER_URL": broker,
-            "DRAIN_RESULT_BACKEND": broker,
+            "DRAIN_RESULT_BACKEND": results or broker,
             "DRAIN_DATABASE_URL": database,
             "DRAIN_VISIBILITY_TIMEOUT_SECS": "8",
             "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",

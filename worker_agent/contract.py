@@ -24,6 +24,8 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_serializer,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -90,6 +92,17 @@ def parse_daemon_queue(queue: str) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ Celery settings
 
+AMQP_SCHEMES: Final = frozenset({"amqp", "amqps", "pyamqp"})
+"""Broker URL schemes of RabbitMQ (kombu's py-amqp transport)."""
+SENDER_ONLY_BACKENDS: Final = frozenset({"rpc", *AMQP_SCHEMES})
+"""Result backends no other process can read: ``rpc://`` sends each result to the process
+that sent the task, and Celery 5 has no ``amqp://`` result backend."""
+
+
+def url_scheme(url: str) -> str:
+    """``redis://host/0`` → ``redis``; ``db+postgresql://…`` → ``db``."""
+    return url.partition("://")[0].partition("+")[0].lower()
+
 
 class BrokerSettings(BaseSettings):
     """What both halves need to reach each other, read from ``DRAIN_*`` variables.
@@ -102,9 +115,10 @@ class BrokerSettings(BaseSettings):
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     """Celery broker (``DRAIN_BROKER_URL``): ``redis://`` (default) or ``amqp://``."""
-    result_backend: str | None = None
-    """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL, or
-    to a results folder beside the embedded broker's."""
+    result_backend: str | None = Field(default=None, validate_default=True)
+    """Celery result backend (``DRAIN_RESULT_BACKEND``); defaults to the broker URL with a
+    Redis broker, or to a results folder beside the embedded broker's. With RabbitMQ it
+    must be set (checked below): RabbitMQ keeps no results."""
     broker_folder: str | None = None
     """With ``DRAIN_BROKER_URL=filesystem://`` (kombu's filesystem transport; no
     acknowledgements, so a killed consumer's message is lost — ``drainctl dev up``'s
@@ -114,13 +128,50 @@ class BrokerSettings(BaseSettings):
     short so that a drain redelivered after a killed consumer arrives before it expires
     (``orchestrator.settings`` checks the relation); a drain that runs longer than this is
     redelivered while it runs, which is harmless: the daemon answers a repeated drain with
-    the same refs and the ledger records one checkpoint per operation."""
+    the same refs and the ledger records one checkpoint per operation. RabbitMQ does not
+    use it (see ``broker_heartbeat_secs``)."""
     unacked_restore_interval_secs: float = Field(default=10.0, gt=0)
-    """How often a worker sweeps for messages whose visibility timeout has passed."""
+    """How often a worker sweeps for messages whose visibility timeout has passed (Redis)."""
+    broker_heartbeat_secs: int = Field(default=60, ge=1)
+    """RabbitMQ: the AMQP heartbeat timeout in whole seconds, as AMQP carries it
+    (``DRAIN_BROKER_HEARTBEAT_SECS``; the server's own, 60 s by default, caps it). RabbitMQ
+    redelivers a consumer's unacknowledged messages as soon as its connection closes —
+    at once when the process dies, its socket closed by the kernel; for a pod that
+    vanishes with its node, when about two heartbeats go unanswered. A solo-pool
+    consumer answers no heartbeat while a drain runs, so a drain longer than this loses
+    its connection and is redelivered when it ends: harmless, like a drain outlasting
+    Redis's visibility timeout (the journal answers it, the ledger records once)."""
     heartbeat_interval_secs: float = Field(default=15.0, gt=0)
     """Daemons send an activity heartbeat at least this often (and on every change)."""
     heartbeat_poll_secs: float = Field(default=1.0, gt=0)
     """How often a daemon's consumer looks for activity changes."""
+
+    @field_validator("result_backend")
+    @classmethod
+    def _results_every_process_reads(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """The deadline sweeper (an orchestrator worker) reads a drain result the daemon's
+        consumer stored, for a chain the operator or ``drainctl`` sent: the backend must
+        be one store that every process reads."""
+        broker = str(info.data.get("broker_url", ""))
+        if value is None and url_scheme(broker) in AMQP_SCHEMES:
+            raise ValueError(
+                "must be set with a RabbitMQ broker (DRAIN_BROKER_URL=amqp://…), which keeps no "
+                "results: set it to a Redis database every orchestrator worker and daemon can "
+                "reach, e.g. redis://redis:6379/1"
+            )
+        if value is not None and url_scheme(value) in SENDER_ONLY_BACKENDS:
+            raise ValueError(
+                f"{url_scheme(value)}:// cannot keep results for the deadline sweeper, which "
+                "reads a drain's result in another process than the one that sent it: set it "
+                "to a Redis database every orchestrator worker and daemon can reach, e.g. "
+                "redis://redis:6379/1"
+            )
+        return value
+
+    @property
+    def amqp(self) -> bool:
+        """The broker is RabbitMQ."""
+        return url_scheme(self.broker_url) in AMQP_SCHEMES
 
     @property
     def heartbeat_gap_secs(self) -> float:
@@ -137,26 +188,29 @@ class BrokerSettings(BaseSettings):
         return self.broker_url
 
 
-def make_celery(settings: BrokerSettings) -> Celery:
-    """A Celery app configured as docs/pipeline.md says, for either half.
+def _transport_options(settings: BrokerSettings, url: str) -> dict[str, object]:
+    """kombu transport options for the broker or backend at ``url``.
 
-    JSON only, acks late, reject on worker lost, prefetch 1, task events on, a
-    visibility timeout longer than the longest drain, connection retry on start-up;
-    ``caliban.orchestrator.*`` routed to the orchestrator queue.
+    The visibility timeout and the unacked restore are Redis's emulation of
+    acknowledgements; RabbitMQ acknowledges natively and redelivers when a connection
+    closes, so it gets none of them, and publisher confirms instead: a publish returns
+    once RabbitMQ has taken the message, and one it refuses raises instead of vanishing.
     """
-    app = Celery("caliban-drain", broker=settings.broker_url, backend=settings.backend())
-    transport_options: dict[str, object] = {
-        "visibility_timeout": settings.visibility_timeout_secs,
-        "unacked_restore_interval": settings.unacked_restore_interval_secs,
-        "unacked_restore_throttle": 1,
-    }
-    embedded = settings.broker_url.startswith("filesystem://")
-    if embedded:
+    scheme = url_scheme(url)
+    if scheme in ("redis", "rediss", "sentinel"):
+        return {
+            "visibility_timeout": settings.visibility_timeout_secs,
+            "unacked_restore_interval": settings.unacked_restore_interval_secs,
+            "unacked_restore_throttle": 1,
+        }
+    if scheme in AMQP_SCHEMES:
+        return {"confirm_publish": True}
+    if scheme == "filesystem":
         # The embedded broker: processes on one machine exchange messages as files.
         folder = Path(settings.broker_folder or "./.broker")
         for sub in ("queue", "processed", "results", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        transport_options = {
+        return {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
@@ -164,6 +218,19 @@ def make_celery(settings: BrokerSettings) -> Celery:
             "store_processed": False,
             "polling_interval": 0.1,
         }
+    return {}
+
+
+def make_celery(settings: BrokerSettings) -> Celery:
+    """A Celery app configured as docs/pipeline.md says, for either half.
+
+    JSON only, acks late, reject on worker lost, prefetch 1, task events on, redelivery
+    of a dead consumer's messages (Redis: the visibility timeout; RabbitMQ: when its
+    connection closes, heartbeats for one that vanished), connection retry on start-up;
+    ``caliban.orchestrator.*`` routed to the orchestrator queue.
+    """
+    backend = settings.backend()
+    app = Celery("caliban-drain", broker=settings.broker_url, backend=backend)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -178,8 +245,9 @@ def make_celery(settings: BrokerSettings) -> Celery:
         task_track_started=True,
         result_extended=True,
         result_expires=7 * 24 * 3600,
-        broker_transport_options=transport_options,
-        result_backend_transport_options={} if embedded else transport_options,
+        broker_transport_options=_transport_options(settings, settings.broker_url),
+        result_backend_transport_options=_transport_options(settings, backend),
+        broker_heartbeat=settings.broker_heartbeat_secs,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         task_default_queue=ORCHESTRATOR_QUEUE,

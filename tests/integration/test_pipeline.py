@@ -1,6 +1,6 @@
 """The Celery pipeline end to end: drain → record → resume → drain again, with a real
-Redis broker, a real ledger (SQLite and PostgreSQL), and the orchestrator worker,
-daemons, consumers, agents and ``drainctl`` as real subprocesses."""
+broker (Redis and RabbitMQ), a real ledger (SQLite and PostgreSQL), and the orchestrator
+worker, daemons, consumers, agents and ``drainctl`` as real subprocesses."""
 
 from __future__ import annotations
 
@@ -10,16 +10,31 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger import CheckpointView
-from tests.pipeline_support import Stack, fresh_postgres, fresh_sqlite, redis_db_url
+from tests.pipeline_support import (
+    BROKERS,
+    PipelineBroker,
+    Stack,
+    fresh_postgres,
+    fresh_sqlite,
+    pipeline_broker,
+)
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout
 from worker_agent.session import count_completed_turns, load_session
 
 
+@pytest.fixture(params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> Iterator[PipelineBroker]:
+    with pipeline_broker(request.param) as b:
+        yield b
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def stack(request: pytest.FixtureRequest, tmp_short: Path) -> Iterator[Stack]:
+def stack(
+    request: pytest.FixtureRequest, tmp_short: Path, broker: PipelineBroker
+) -> Iterator[Stack]:
     database = fresh_sqlite(tmp_short) if request.param == "sqlite" else fresh_postgres()
-    s = Stack(tmp_short, redis_db_url(), database)
+    s = Stack(tmp_short, broker.url, database, results=broker.results)
     try:
         yield s
     finally:
@@ -134,21 +149,37 @@ def test_resume_with_missing_and_corrupt_session_dirs_resumes_the_rest(stack: St
     wait_until(lambda: daemon.records()[healthy].status.live, 30, "the healthy agent to run again")
 
 
+SHORT_EXPIRY = {
+    "redis": {
+        "DRAIN_DRAIN_EXPIRES_SECS": "2",
+        "DRAIN_VISIBILITY_TIMEOUT_SECS": "1",
+        "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "0.5",
+        "DRAIN_RECORD_DEADLINE_SECS": "27",
+    },
+    # A heartbeat shorter than a worker's longest stall (mingle: 3 s) makes RabbitMQ drop
+    # its connection over and over; 5 s is the shortest safe one, and a redelivery can
+    # take two of them.
+    "amqp": {
+        "DRAIN_DRAIN_EXPIRES_SECS": "11",
+        "DRAIN_BROKER_HEARTBEAT_SECS": "5",
+        "DRAIN_RECORD_DEADLINE_SECS": "35",
+    },
+}
+"""Drain expiry shortened so that it is seen in seconds, with the redelivery settings that
+Settings then requires of each broker (a redelivery lands before expiry and deadline)."""
+
+
 def test_a_drain_for_a_daemon_that_is_gone_expires_and_is_reported(
-    tmp_short: Path,
+    tmp_short: Path, broker: PipelineBroker
 ) -> None:
     """Tried: drain a task whose daemon never comes up; later a consumer does start."""
     stack = Stack(
         tmp_short,
-        redis_db_url(),
+        broker.url,
         fresh_sqlite(tmp_short),
-        # Shortened so the expiry is seen in seconds; Settings holds them to the same
-        # relations as the defaults (a redelivery lands before expiry and deadline).
-        DRAIN_DRAIN_EXPIRES_SECS="2",
-        DRAIN_VISIBILITY_TIMEOUT_SECS="1",
-        DRAIN_UNACKED_RESTORE_INTERVAL_SECS="0.5",
+        results=broker.results,
         DRAIN_DB_RETRY_WINDOW_SECS="15",
-        DRAIN_RECORD_DEADLINE_SECS="27",
+        **SHORT_EXPIRY[broker.kind],
     )
     try:
         stack.start_worker()
@@ -186,7 +217,12 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     from orchestrator.settings import Settings
     from worker_agent.contract import DAEMON_RESUME, ResumeAgent, ResumeRequest, ResumeResult
 
-    app = make_app(Settings(broker_url=stack.env["DRAIN_BROKER_URL"]))
+    app = make_app(
+        Settings(
+            broker_url=stack.env["DRAIN_BROKER_URL"],
+            result_backend=stack.env["DRAIN_RESULT_BACKEND"],
+        )
+    )
     agents = [ResumeAgent(id=a.agent_id, session_dir=a.session_dir) for a in checkpoint.agents]
     request = ResumeRequest(op_id="op-redelivered", agents=agents).model_dump(mode="json")
     first = app.send_task(DAEMON_RESUME, kwargs=request, queue="caliband.team-a.task-3")

@@ -1,6 +1,7 @@
 """Faults in the pipeline: killed consumers and workers, restarted Redis and PostgreSQL,
-forbidden serializers and unknown tasks. Each ends with nothing lost and nothing
-recorded twice."""
+forbidden serializers and unknown tasks, on each broker (Redis and RabbitMQ) with the
+project's default redelivery settings. Each ends with nothing lost and nothing recorded
+twice."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from orchestrator.settings import Settings
 from tests.pipeline_support import (
+    BROKERS,
     PG_URL,
+    PipelineBroker,
     Stack,
     consumer_pid,
     fresh_postgres,
     fresh_sqlite,
     kill_hard,
+    pipeline_broker,
     private_redis,
-    redis_db_url,
     start_redis,
 )
 from tests.support import DaemonProcess, wait_until
@@ -33,27 +36,38 @@ pytestmark = pytest.mark.slow
 
 
 TIMING = ("DRAIN_VISIBILITY_TIMEOUT_SECS", "DRAIN_UNACKED_RESTORE_INTERVAL_SECS",
-          "DRAIN_SWEEP_INTERVAL_SECS")  # fmt: skip
+          "DRAIN_BROKER_HEARTBEAT_SECS", "DRAIN_SWEEP_INTERVAL_SECS")  # fmt: skip
 """Redelivery and deadline settings: the fault tests run with the project's defaults."""
 
 
 def default(setting: str) -> float:
     value = Settings.model_fields[setting].default
-    assert isinstance(value, float)
-    return value
+    assert isinstance(value, int | float)
+    return float(value)
 
 
-REDELIVERY_SECS = min(
-    default("visibility_timeout_secs") + default("unacked_restore_interval_secs") + 60,
-    default("drain_expires_secs"),
-)
+REDELIVERY_SECS = {
+    "redis": min(
+        default("visibility_timeout_secs") + default("unacked_restore_interval_secs") + 60,
+        default("drain_expires_secs"),
+    ),
+    # RabbitMQ redelivers at once when a killed process's connection closes; the bound is
+    # the one for a consumer that vanished, noticed within two heartbeats.
+    "amqp": min(2 * default("broker_heartbeat_secs") + 60, default("drain_expires_secs")),
+}
 """How long a message of a killed consumer or worker may take to come back with the
 default settings (never past a drain's expiry, after which it would be discarded)."""
 
 
+@pytest.fixture(params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> Iterator[PipelineBroker]:
+    with pipeline_broker(request.param) as b:
+        yield b
+
+
 @pytest.fixture
-def pg_stack(tmp_short: Path) -> Iterator[Stack]:
-    s = Stack(tmp_short, redis_db_url(), fresh_postgres())
+def pg_stack(tmp_short: Path, broker: PipelineBroker) -> Iterator[Stack]:
+    s = Stack(tmp_short, broker.url, fresh_postgres(), results=broker.results)
     for setting in TIMING:
         s.env.pop(setting, None)
     try:
@@ -81,7 +95,9 @@ def assert_nothing_lost(stack: Stack, daemon: DaemonProcess, ref: str) -> None:
         assert agent.turns == load_session(directory).turns == count_completed_turns(directory)
 
 
-def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: Stack) -> None:
+def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(
+    pg_stack: Stack, broker: PipelineBroker
+) -> None:
     """Tried: SIGKILL of the daemon-side consumer while its drain task runs."""
     pg_stack.start_worker()
     daemon = pg_stack.start_daemon("team-a", "task-k")
@@ -104,7 +120,7 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: 
     [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-k")
     wait_until(
         lambda: pg_stack.ledger.get_operation(op.id).terminal,  # type: ignore[union-attr]
-        REDELIVERY_SECS,
+        REDELIVERY_SECS[broker.kind],
         "the redelivered drain to be recorded",
     )
     final = pg_stack.ledger.get_operation(op.id)
@@ -116,7 +132,7 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(pg_stack: 
 
 
 def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
-    pg_stack: Stack,
+    pg_stack: Stack, broker: PipelineBroker
 ) -> None:
     """Tried: SIGKILL of the orchestrator worker while record_checkpoint is inside its
     transaction (held there by a table lock the test takes)."""
@@ -150,7 +166,7 @@ def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
     [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-r")
     wait_until(
         lambda: pg_stack.ledger.get_operation(op.id).terminal,  # type: ignore[union-attr]
-        REDELIVERY_SECS,
+        REDELIVERY_SECS[broker.kind],
         "the redelivered record_checkpoint",
     )
     final = pg_stack.ledger.get_operation(op.id)
@@ -247,16 +263,17 @@ def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: P
             proc.terminate()
 
 
-def test_non_json_messages_and_unknown_tasks_are_rejected(tmp_short: Path) -> None:
+def test_non_json_messages_and_unknown_tasks_are_rejected(
+    tmp_short: Path, broker: PipelineBroker
+) -> None:
     """Tried: a pickle-serialized message and a task name nobody registered."""
-    broker = redis_db_url()
-    stack = Stack(tmp_short, broker, fresh_sqlite(tmp_short))
+    stack = Stack(tmp_short, broker.url, fresh_sqlite(tmp_short), results=broker.results)
     try:
         stack.start_worker()
         wait_until(lambda: "ready" in stack.worker_log(), 60, "the worker to be ready")
         exchange = Exchange("orchestrator", type="direct")
         queue = Queue("orchestrator", exchange, routing_key="orchestrator")
-        with Connection(broker) as conn:
+        with Connection(broker.url) as conn:
             producer = Producer(conn)
             producer.publish(
                 {"op_id": "x"},
@@ -280,7 +297,7 @@ def test_non_json_messages_and_unknown_tasks_are_rejected(tmp_short: Path) -> No
         from orchestrator.pipeline.app import make_app
         from orchestrator.settings import Settings
 
-        app = make_app(Settings(broker_url=broker, result_backend=broker))
+        app = make_app(Settings(broker_url=broker.url, result_backend=broker.results))
         app.send_task("caliban.orchestrator.no_such_task", kwargs={}, queue="orchestrator")
         wait_until(
             lambda: "unregistered task" in stack.worker_log().lower(),

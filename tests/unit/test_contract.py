@@ -27,6 +27,7 @@ from worker_agent.contract import (
     ResumeRequest,
     ResumeResult,
     TaskNameError,
+    make_celery,
     parse_daemon_queue,
 )
 from worker_agent.proto import ResumeRef
@@ -226,11 +227,87 @@ def test_each_broker_setting_is_declared_once_and_shared() -> None:
     shared = set(BrokerSettings.model_fields)
     assert shared == {
         "broker_url", "result_backend", "broker_folder", "visibility_timeout_secs",
-        "unacked_restore_interval_secs", "heartbeat_interval_secs", "heartbeat_poll_secs",
+        "unacked_restore_interval_secs", "broker_heartbeat_secs", "heartbeat_interval_secs",
+        "heartbeat_poll_secs",
     }  # fmt: skip
     assert issubclass(Settings, BrokerSettings)
     assert shared.isdisjoint(Settings.__annotations__)  # declared in the contract only
     assert shared <= set(Settings.model_fields)
+
+
+RABBITMQ = "amqp://guest:guest@rabbitmq:5672//"
+
+
+@pytest.mark.parametrize(
+    ("broker", "backend", "refusal"),
+    [
+        (RABBITMQ, None, "must be set with a RabbitMQ broker"),
+        (RABBITMQ, "rpc://", "rpc:// cannot keep results"),
+        (RABBITMQ, "amqp://guest:guest@rabbitmq:5672//", "amqp:// cannot keep results"),
+        ("redis://redis:6379/0", "rpc://", "rpc:// cannot keep results"),
+    ],
+    ids=["amqp-without-backend", "amqp-rpc", "amqp-amqp", "redis-rpc"],
+)
+def test_a_result_backend_no_other_process_can_read_is_refused(
+    broker: str, backend: str | None, refusal: str
+) -> None:
+    for settings in (BrokerSettings, Settings):
+        with pytest.raises(ValidationError, match=refusal) as caught:
+            settings(broker_url=broker, result_backend=backend)
+        assert [e["loc"] for e in caught.value.errors()] == [("result_backend",)]
+
+
+@pytest.mark.parametrize(
+    ("broker", "backend", "used"),
+    [
+        ("redis://redis:6379/0", None, "redis://redis:6379/0"),
+        (RABBITMQ, "redis://redis:6379/1", "redis://redis:6379/1"),
+        ("pyamqp://rabbitmq//", "db+postgresql://pg/results", "db+postgresql://pg/results"),
+    ],
+    ids=["redis-default", "amqp-redis", "pyamqp-database"],
+)
+def test_the_result_backend_is_the_redis_broker_or_the_one_given(
+    broker: str, backend: str | None, used: str
+) -> None:
+    assert BrokerSettings(broker_url=broker, result_backend=backend).backend() == used
+
+
+@pytest.mark.parametrize(
+    ("broker", "transport_options"),
+    [
+        (
+            "redis://redis:6379/0",
+            {"visibility_timeout": 60.0, "unacked_restore_interval": 10.0,
+             "unacked_restore_throttle": 1},
+        ),
+        (RABBITMQ, {"confirm_publish": True}),
+    ],
+    ids=["redis", "amqp"],
+)  # fmt: skip
+def test_each_broker_gets_its_own_transport_options(
+    broker: str, transport_options: dict[str, object]
+) -> None:
+    settings = BrokerSettings(broker_url=broker, result_backend="redis://redis:6379/1")
+    app = make_celery(settings)
+    assert app.conf.broker_transport_options == transport_options
+    assert app.conf.broker_heartbeat == 60
+
+
+@pytest.mark.parametrize(
+    ("broker", "redelivery_secs"),
+    [("redis://redis:6379/0", 70.0), (RABBITMQ, 120.0)],
+    ids=["redis-visibility-timeout", "amqp-two-heartbeats"],
+)
+def test_redelivery_of_a_dead_consumers_message_is_bounded_per_broker(
+    broker: str, redelivery_secs: float
+) -> None:
+    settings = Settings(broker_url=broker, result_backend="redis://redis:6379/1")
+    assert settings.redelivery_secs == redelivery_secs
+
+
+def test_a_rabbitmq_heartbeat_too_long_for_the_drain_expiry_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"2 \* DRAIN_BROKER_HEARTBEAT_SECS \(300 s\)"):
+        Settings(broker_url=RABBITMQ, result_backend="redis://r/1", broker_heartbeat_secs=150)
 
 
 def test_the_heartbeat_gap_is_the_interval_noticed_at_the_next_poll() -> None:
