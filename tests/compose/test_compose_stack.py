@@ -244,6 +244,9 @@ def test_a_stack_started_while_postgresql_initialises_waits_for_it_and_ends_heal
     stack.assert_settled()
     assert stack.kubeconfig.exists()
     assert "caliban-dev-snapshots" in stack.kubectl("get", "volumesnapshotclass")
+    # The daemons inherit the stand-in controller's environment: no ledger password there.
+    controller_env = stack.containers()["sandbox-controller"]["Config"]["Env"]
+    assert [e for e in controller_env if e.startswith("DRAIN_DATABASE_URL=")] == []
 
 
 def test_postgresql_crashing_under_the_running_stack_is_recovered_from(
