@@ -30,4 +30,15 @@ elif command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
 else
   echo "postgresql: not installed; tests that need it will skip"
 fi
+if port_open 5672; then
+  echo "rabbitmq: up on 127.0.0.1:5672"
+elif command -v rabbitmq-server >/dev/null 2>&1; then
+  echo "rabbitmq: starting"
+  rabbitmq-server -detached || true
+  # The node takes a few seconds to boot before it listens.
+  for _ in $(seq 1 3); do wait_port 5672 && break; done
+  port_open 5672 && echo "rabbitmq: up" || echo "rabbitmq: did not come up (see rabbitmqctl status)"
+else
+  echo "rabbitmq: not installed; the amqp variants of the pipeline tests will skip"
+fi
 exit 0

@@ -111,7 +111,7 @@ def rabbitmq_vhost() -> Iterator[str]:
     from kombu import Connection
 
     parts = urlsplit(AMQP_URL)
-    shown = urlunsplit(parts._replace(netloc=parts.hostname or ""))
+    shown = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port or 5672}"))
     try:
         with Connection(AMQP_URL, connect_timeout=2) as probe:
             probe.ensure_connection(max_retries=1, timeout=2)

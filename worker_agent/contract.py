@@ -153,13 +153,13 @@ class BrokerSettings(BaseSettings):
         consumer stored, for a chain the operator or ``drainctl`` sent: the backend must
         be one store that every process reads."""
         broker = str(info.data.get("broker_url", ""))
-        if value is None and url_scheme(broker) in AMQP_SCHEMES:
+        if not value and url_scheme(broker) in AMQP_SCHEMES:
             raise ValueError(
                 "must be set with a RabbitMQ broker (DRAIN_BROKER_URL=amqp://…), which keeps no "
                 "results: set it to a Redis database every orchestrator worker and daemon can "
                 "reach, e.g. redis://redis:6379/1"
             )
-        if value is not None and url_scheme(value) in SENDER_ONLY_BACKENDS:
+        if value and url_scheme(value) in SENDER_ONLY_BACKENDS:
             raise ValueError(
                 f"{url_scheme(value)}:// cannot keep results for the deadline sweeper, which "
                 "reads a drain's result in another process than the one that sent it: set it "

@@ -245,3 +245,20 @@ def test_a_redelivered_resume_resumes_nothing_twice(stack: Stack) -> None:
     for agent_id in ids:
         events = layout.transcript_file(layout.agent_dir(daemon.store, agent_id)).read_text()
         assert events.count('"type": "resumed"') == 1
+
+
+def test_a_rabbitmq_broker_without_a_result_backend_is_refused_naming_the_setting(
+    tmp_short: Path,
+) -> None:
+    """Tried: ``drainctl drain`` with DRAIN_BROKER_URL=amqp://… and no DRAIN_RESULT_BACKEND
+    (RabbitMQ keeps no results; Celery 5 has no amqp:// result backend)."""
+    stack = Stack(tmp_short, "amqp://guest:guest@127.0.0.1:5672//", fresh_sqlite(tmp_short))
+    try:
+        stack.env["DRAIN_RESULT_BACKEND"] = ""  # unset, whatever the environment says
+        result = stack.drainctl("drain", "team-a/task-1", "--timeout", "10")
+        assert result.returncode == 2, result.stderr
+        assert "DRAIN_RESULT_BACKEND" in result.stderr
+        assert "must be set with a RabbitMQ broker" in result.stderr
+        assert stack.ledger.list_operations() == []  # refused before anything was started
+    finally:
+        stack.close()

@@ -9,10 +9,12 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
 from kombu import Connection, Exchange, Producer, Queue
+from kombu.exceptions import OperationalError
 
 from orchestrator.settings import Settings
 from tests.pipeline_support import (
@@ -26,6 +28,7 @@ from tests.pipeline_support import (
     kill_hard,
     pipeline_broker,
     private_redis,
+    rabbitmqctl,
     start_redis,
 )
 from tests.support import DaemonProcess, wait_until
@@ -307,3 +310,26 @@ def test_non_json_messages_and_unknown_tasks_are_rejected(
         assert stack.ledger.list_checkpoints() == []
     finally:
         stack.close()
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_a_drain_rabbitmq_refuses_raises_instead_of_vanishing(broker: PipelineBroker) -> None:
+    """Tried: a daemon queue that refuses every message (a max-length 0, reject-publish
+    policy, as a full queue would). With publisher confirms the send raises; without, the
+    drain would be lost without a word until the sweeper's deadline."""
+    from amqp.exceptions import MessageNacked
+
+    from orchestrator.pipeline.app import make_app
+    from worker_agent.contract import DAEMON_DRAIN, DrainRequest
+
+    vhost = urlsplit(broker.url).path.lstrip("/")
+    rabbitmqctl(
+        "set_policy", "-p", vhost, "--apply-to", "queues", "refuse-all", r"^caliband\.",
+        '{"max-length": 0, "overflow": "reject-publish"}',
+    )  # fmt: skip
+    app = make_app(Settings(broker_url=broker.url, result_backend=broker.results))
+    request = DrainRequest(op_id="op-refused", grace_secs=0).model_dump(mode="json")
+    # kombu counts a nack as recoverable: the publish is retried, then raised.
+    with pytest.raises(OperationalError) as caught:
+        app.send_task(DAEMON_DRAIN, kwargs=request, queue="caliband.team-a.full")
+    assert isinstance(caught.value.__cause__, MessageNacked)

@@ -242,11 +242,12 @@ RABBITMQ = "amqp://guest:guest@rabbitmq:5672//"
     ("broker", "backend", "refusal"),
     [
         (RABBITMQ, None, "must be set with a RabbitMQ broker"),
+        (RABBITMQ, "", "must be set with a RabbitMQ broker"),
         (RABBITMQ, "rpc://", "rpc:// cannot keep results"),
         (RABBITMQ, "amqp://guest:guest@rabbitmq:5672//", "amqp:// cannot keep results"),
         ("redis://redis:6379/0", "rpc://", "rpc:// cannot keep results"),
     ],
-    ids=["amqp-without-backend", "amqp-rpc", "amqp-amqp", "redis-rpc"],
+    ids=["amqp-without-backend", "amqp-empty-backend", "amqp-rpc", "amqp-amqp", "redis-rpc"],
 )
 def test_a_result_backend_no_other_process_can_read_is_refused(
     broker: str, backend: str | None, refusal: str
