@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -184,6 +185,12 @@ class ComposeStack:
                      check=False)  # fmt: skip
 
 
+def port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def task_manifest(name: str, checkpoint_ref: str | None = None) -> str:
     spec: dict[str, Any] = {
         "task": {"agents": 2, "provider": "scripted", "model": "turns=100000,turn_ms=100"}
@@ -203,6 +210,9 @@ def stack() -> Iterator[ComposeStack]:
             pytest.fail(f"{tool} is not installed; run the test with make compose-test")
     if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0:
         pytest.fail("the Docker engine does not answer; run the test with make compose-test")
+    taken = [port for port in PORTS.values() if port_open(port)]
+    if taken:
+        pytest.fail(f"127.0.0.1 ports {taken} are in use; the compose stack needs them free")
     started = time.monotonic()
     base = images.python_base()
     app = images.project_image(base)
