@@ -128,6 +128,14 @@ def rabbitmq_vhost() -> Iterator[str]:
         subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60)
 
 
+def queued_messages(broker: str, queue: str) -> int:
+    """How many messages wait, ready, in ``queue`` of a RabbitMQ broker."""
+    from kombu import Connection
+
+    with Connection(broker, connect_timeout=5) as conn:
+        return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+
+
 def fresh_postgres() -> str:
     """The test database with the ledger dropped and migrated again."""
     try:
