@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -133,7 +134,8 @@ def queued_messages(broker: str, queue: str) -> int:
     from kombu import Connection
 
     with Connection(broker, connect_timeout=5) as conn:
-        return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        channel: Any = conn.default_channel  # py-amqp's Channel; the stubs know its interface
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
 
 
 def fresh_postgres() -> str:
