@@ -101,6 +101,16 @@ def hide_password(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
+def _shown_input(value: Any) -> str:
+    """What a refused value is shown as: a URL without its password; nothing for a whole
+    model's input (a check across settings gets every value read, secrets among them)."""
+    if isinstance(value, dict | list):
+        return ""
+    if isinstance(value, str):
+        value = hide_password(value)
+    return f" (got {value!r})"
+
+
 def _validation_error(exc: Any) -> DrainctlError:
     """A pydantic ``ValidationError`` of a settings model as one line naming each field
     by the environment variable that sets it."""
@@ -110,7 +120,8 @@ def _validation_error(exc: Any) -> DrainctlError:
     for error in exc.errors():
         field = ".".join(str(part) for part in error.get("loc", ())) or "value"
         name = f"{prefix}{field.upper()}" if prefix else field
-        problems.append(f"{name}: {error.get('msg', 'invalid')} (got {error.get('input')!r})")
+        message = hide_password(str(error.get("msg", "invalid")))
+        problems.append(f"{name}: {message}{_shown_input(error.get('input'))}")
     return Misconfigured(
         f"invalid settings: {'; '.join(problems)}; fix the environment variable or option"
     )

@@ -143,6 +143,31 @@ def test_bad_settings_value_is_one_line(ledger_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        # A check across settings: pydantic hands the error every value it read.
+        ("DRAIN_DRAIN_EXPIRES_SECS", "1"),
+        # A check of the URL itself, which holds the password.
+        ("DRAIN_RESULT_BACKEND", "rpc://guest:hunter2-secret@127.0.0.1//"),
+    ],
+    ids=["across-settings", "the-url-itself"],
+)
+def test_a_settings_error_never_shows_a_password(ledger_url: str, setting: str, value: str) -> None:
+    """Tried: a broker URL with a password beside a setting that makes the settings
+    invalid (a drain expiry shorter than redelivery), and a result backend URL with a
+    password that is refused."""
+    env = {
+        "DRAIN_DATABASE_URL": ledger_url,
+        "DRAIN_BROKER_URL": "amqp://guest:hunter2-secret@127.0.0.1:5672//",
+        "DRAIN_RESULT_BACKEND": "redis://:hunter2-secret@127.0.0.1:6379/3",
+        setting: value,
+    }
+    result = drainctl("ledger", "ls", env=env)
+    assert_one_line_error(result, ExitCode.USAGE, "invalid settings", setting)
+    assert "hunter2-secret" not in result.stderr + result.stdout
+
+
 def test_bad_daemon_settings_are_one_line(tmp_path: Path) -> None:
     """Tried: drainctl daemon --drain-grace -5 (DaemonSettings refuses it)."""
     result = drainctl("daemon", "--store", str(tmp_path), "--drain-grace", "-5")
