@@ -651,7 +651,11 @@ def run_story(
     root = state_dir or Path(tempfile.mkdtemp(prefix="caliban-demo-", dir="/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     story = Story(root, agent_count, port, None if as_json else echo)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Both installed, not inherited: a shell starts a background job with SIGINT ignored,
+    # and Python then never turns Ctrl-C into KeyboardInterrupt.
+    previous = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     error: str | None = None
     code = 0
     try:
@@ -670,7 +674,8 @@ def run_story(
         echo("interrupted: the stack is stopped, nothing is left running")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if state_dir is None:
             shutil.rmtree(root, ignore_errors=True)
     lost = story.lost_turns()

@@ -29,9 +29,13 @@ STEPS = ["create", "idle pause", "wake", "delete", "restore", "audit"]
 
 
 def start_demo(*args: str) -> subprocess.Popen[str]:
+    """``drainctl demo`` started with SIGINT ignored, as a shell starts a background job
+    (``make demo &``): Ctrl-C must still stop it, so it cannot rely on inheriting
+    Python's default handler."""
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "demo", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
 
 
