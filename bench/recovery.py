@@ -30,6 +30,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from bench.report import Check, Scenario, median, ms, ms_list
+from orchestrator.devcluster.csi import special_files
 from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
 from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
@@ -158,7 +159,8 @@ class Disrupter:
 def fresh_resume(root: Path, store: Path, repeat: int) -> list[float]:
     """The floor: resume every agent of ``store`` by hand on a daemon already up."""
     daemon = DaemonProcess(root)
-    shutil.copytree(store, daemon.store, symlinks=True)
+    # Not a live agent's attach socket, which the stand-in volume still holds.
+    shutil.copytree(store, daemon.store, symlinks=True, ignore=special_files)
     floors = []
     for _ in range(repeat):
         daemon.start(60)

@@ -115,14 +115,14 @@ def copy_atomically(source: Path, target: Path) -> None:
     partial = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        shutil.copytree(source, partial, symlinks=True, ignore=_special_files)
+        shutil.copytree(source, partial, symlinks=True, ignore=special_files)
         os.rename(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
 
 
-def _special_files(directory: str, names: list[str]) -> set[str]:
+def special_files(directory: str, names: list[str]) -> set[str]:
     """Entries of ``directory`` that are neither files, directories nor symlinks."""
     special = set()
     for name in names:
