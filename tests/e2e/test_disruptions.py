@@ -209,6 +209,9 @@ def wait_recovered(
 
     wait_until(recovered, RECOVERY_BOUND_SECS, f"{task.name} to recover from {before}")
     took = time.monotonic() - started
+    # The watch (kubectl get -w writing a file) can lag the status just read: let it
+    # catch up with the Running seen before reading what it recorded.
+    wait_until(lambda: watch.phases()[-1:] == ["Running"], 30, "the watch to see Running")
     phases = watch.phases()
     assert phases[0] == "Running", phases
     assert phases[-1] == "Running", phases
