@@ -43,7 +43,7 @@ EXTRAS: Final = "dev,flower"
 
 
 class ImageBuildFailed(Exception):
-    pass
+    """An image of the compose test could not be built; the message says which and why."""
 
 
 def run(*argv: str, timeout: float = 600, cwd: Path | None = None) -> str:
