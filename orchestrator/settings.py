@@ -48,10 +48,26 @@ class Settings(BrokerSettings):
     """How often the operator re-examines each CalibanTask (idle, pause, wake, phase)."""
     manage_sandbox: bool = False
     """Provision each task's Sandbox and workspace PVC (``--manage-sandbox``)."""
+    peering: str | None = None
+    """The kopf peering object the operator's replicas share (``drainctl operator
+    --peering``): a ClusterKopfPeering for a clusterwide operator, a KopfPeering in each
+    watched namespace otherwise. One replica acts, the others stand by until its
+    keep-alive lapses. Unset: standalone, one replica (``operator.peering``)."""
+    peering_lifetime_secs: int = Field(default=15, ge=11)
+    """How long a replica's keep-alive counts: a standby takes over at most this long
+    after the active replica dies. kopf renews it 5-10 s before it lapses, so below 11 s
+    the renewal could come after the lapse (``operator.peering``)."""
+    peering_priority: int | None = None
+    """This replica's peering priority (``--priority``); unset: the earlier-started
+    replica wins (``operator.peering.startup_priority``)."""
     daemon_image: str = "ghcr.io/caliban-ai/caliban-drain:latest"
     """The image of the daemon container in provisioned Sandboxes."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+    daemon_broker_secret: str = "caliban-drain-broker"  # noqa: S105 - a Secret's name
+    """The Secret (key ``url``) the operator keeps in each task's namespace holding the
+    daemon broker URL (``DRAIN_DAEMON_BROKER_SECRET``); daemon pods read it through a
+    ``secretKeyRef``, so the URL, which may hold a password, never sits in a Sandbox spec."""
     snapshots: bool = True
     """Take a VolumeSnapshot of the workspace for every checkpoint where the cluster offers
     CSI snapshots (``DRAIN_SNAPSHOTS=false``: never; checkpoints are the retained PVC)."""

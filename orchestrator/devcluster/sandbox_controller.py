@@ -15,6 +15,11 @@ one real process per running Sandbox:
   of their own) goes when the container's process exits, and at once when this
   controller's process dies however it dies (``PR_SET_PDEATHSIG``), like the pods of a
   lost node, so a SIGKILLed ``drainctl dev up`` leaves no agent writing a workspace;
+- the container's ``env`` is resolved as kubelet does: literal values, and
+  ``valueFrom.secretKeyRef`` from the Secrets stored in the Sandbox's namespace (``data``
+  base64, ``stringData`` as given); a Secret or key that is not there keeps the pod from
+  starting, with a Warning Event ``CreateContainerConfigError`` on the Sandbox naming it
+  (never a value), tried again every poll;
 - a Sandbox suspended or deleted gets SIGTERM (the container's graceful stop), then the
   whole tree is killed after its ``terminationGracePeriodSeconds``;
 - a PVC directory is removed only when the PVC object is gone.
@@ -35,13 +40,16 @@ whatever it missed, which is all a stand-in needs.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +114,82 @@ def pod_manifest(sandbox: dict[str, Any], pod_spec: dict[str, Any]) -> dict[str,
                            for c in pod_spec.get("containers") or []],
             "volumes": pod_spec.get("volumes") or [],
         },
+    }  # fmt: skip
+
+
+CONFIG_ERROR = "CreateContainerConfigError"
+"""The reason kubelet gives a container whose environment names a Secret or key that is
+not there; the stand-in gives its Sandbox's pod the same, as a Warning Event."""
+
+
+class ContainerConfigError(Exception):
+    """A container's ``env`` cannot be resolved (kubelet's ``CreateContainerConfigError``);
+    the message names the Secret and key, never a value."""
+
+
+SecretReader = Callable[[str, str], dict[str, str] | None]
+"""(namespace, name) → the Secret's decoded data (``data`` and ``stringData``), or None."""
+
+
+def secret_values(secret: dict[str, Any]) -> dict[str, str]:
+    """A stored Secret's values: ``data`` base64-decoded, then ``stringData`` over it (the
+    API merges it into ``data`` on write; the embedded API stores it as given)."""
+    values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    values.update({k: str(v) for k, v in (secret.get("stringData") or {}).items()})
+    return values
+
+
+def container_env(namespace: str, container: dict[str, Any], read: SecretReader) -> dict[str, str]:
+    """The environment a container's ``env`` gives it: literal values, and values from
+    Secrets in ``namespace`` through ``valueFrom.secretKeyRef`` (an ``optional`` one that
+    is missing is left out, as kubelet does). Other ``valueFrom`` sources are ignored."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        name = item["name"]
+        if "value" in item:
+            env[name] = str(item["value"])
+            continue
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if ref is None:
+            continue
+        secret, key = ref.get("name", ""), ref.get("key", "")
+        values = read(namespace, secret)
+        if values is None or key not in values:
+            if ref.get("optional"):
+                continue
+            if values is None:
+                raise ContainerConfigError(f'secret "{secret}" not found')
+            raise ContainerConfigError(f"couldn't find key {key} in Secret {namespace}/{secret}")
+        env[name] = values[key]
+    return env
+
+
+def read_secret(namespace: str, name: str) -> dict[str, str] | None:
+    """Secret ``namespace/name`` from the API, decoded; None when there is none."""
+    try:
+        found = client.CoreV1Api().read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return secret_values({"data": found.data, "stringData": found.string_data})
+
+
+def config_error_event(sandbox: dict[str, Any], message: str) -> dict[str, Any]:
+    """The Warning Event on the Sandbox for a pod that cannot start, as kubelet posts on a
+    pod (``Failed``, ``Error: <why>``), with reason ``CreateContainerConfigError``."""
+    meta = sandbox["metadata"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": sandbox["apiVersion"], "kind": sandbox.get("kind", "Sandbox"),
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+        },
+        "reason": CONFIG_ERROR, "message": f"Error: {message}", "type": "Warning",
+        "source": {"component": "stand-in-sandbox-controller"},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }  # fmt: skip
 
 
@@ -238,6 +322,22 @@ class SandboxController:
                         namespace, name, claim, blocker,
                     )  # fmt: skip
                 return  # like a Pending pod: tried again on the next poll
+        try:
+            container_environment = await asyncio.to_thread(
+                container_env, namespace, container, read_secret
+            )
+        except ContainerConfigError as exc:
+            if self._waiting.get(key) != str(exc):
+                self._waiting[key] = str(exc)
+                log.warning(
+                    "sandbox_pod_waiting sandbox=%s/%s reason=%s message=%r",
+                    namespace, name, CONFIG_ERROR, str(exc),
+                )  # fmt: skip
+                event = config_error_event(sandbox, str(exc))
+                with contextlib.suppress(ApiException):
+                    await asyncio.to_thread(client.CoreV1Api().create_namespaced_event,
+                                            namespace, event)  # fmt: skip
+            return  # like a pod in CreateContainerConfigError: tried again on the next poll
         self._waiting.pop(key, None)
         mounts: dict[str, Path] = {}
         for mount_path, (volume_name, claim) in mounted.items():
@@ -248,10 +348,7 @@ class SandboxController:
         argv = [self._localize(arg, mounts) for arg in argv]
         if argv and argv[0] == "drainctl":
             argv = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
-        env = {**os.environ, **self.env}
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
+        env = {**os.environ, **self.env, **container_environment}
         log_dir = self.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{namespace}.{name}.log").open("ab") as out:

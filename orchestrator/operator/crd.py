@@ -84,3 +84,11 @@ RUN_MOUNT: Final = "/run/caliband"
 DAEMON_SOCKET_FILE: Final = "ctl.sock"
 """In :data:`RUN_MOUNT`: the daemon's control socket (``kubectl exec … drainctl agents
 --socket /run/caliband/ctl.sock …``)."""
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+DAEMON_COMPONENT: Final = "caliban-daemon"
+"""``COMPONENT_LABEL`` on every daemon pod, whatever its task: what the daemon
+NetworkPolicy in ``deploy/base`` selects."""
+BROKER_URL_ENV: Final = "DRAIN_BROKER_URL"
+BROKER_SECRET_KEY: Final = "url"  # noqa: S105 - a key name, not a secret
+"""The key of the daemon broker Secret (``Settings.daemon_broker_secret``) holding the
+URL; the daemon container reads it into ``BROKER_URL_ENV`` through a ``secretKeyRef``."""

@@ -170,6 +170,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 70
+    # Only with --peering (standalone otherwise): see ``operator.peering``.
+    settings.peering.lifetime = get_settings().peering_lifetime_secs
     kube.load_credentials()
 
 
@@ -318,8 +320,7 @@ class Reconciler:
                 self.namespace, pvc_name, source.storage or spec.storage, self.owner(),
                 self.name, from_snapshot=source.snapshot,
             )  # fmt: skip
-            await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
-                                      self.sandbox_body(spec, pvc_name))  # fmt: skip
+            await self.create_sandbox(spec, pvc_name)
         if restore_from is not None:
             op = await _ledger_call(
                 pipeline.start_resume, app, self.ledger, self.settings,
@@ -590,7 +591,15 @@ class Reconciler:
             f"on workspace PVC {pvc}; its agents resume from what they saved"
         )
         kopf.warn(self.body, reason="SandboxMissing", message=message)
-        await kube.create_sandbox(version, self.namespace, self.sandbox_body(spec, pvc))
+        await self.create_sandbox(spec, pvc)
+
+    async def create_sandbox(self, spec: TaskSpec, pvc_name: str) -> None:
+        """The task's Sandbox, after the namespace's broker Secret its pod reads."""
+        broker = self.settings.daemon_broker_url or self.settings.broker_url
+        await kube.ensure_broker_secret(self.namespace, self.settings.daemon_broker_secret,
+                                        broker)  # fmt: skip
+        await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
+                                  self.sandbox_body(spec, pvc_name))  # fmt: skip
 
     def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
         args = [
@@ -604,7 +613,10 @@ class Reconciler:
             args += ["--initial-model", spec.model]
         if spec.prompt:
             args += ["--initial-prompt", spec.prompt]
-        broker = self.settings.daemon_broker_url or self.settings.broker_url
+        # The URL may hold a password: the pod reads it from the namespace's Secret
+        # (``ensure_broker_secret``), so it is never in the Sandbox spec.
+        broker = {"secretKeyRef": {"name": self.settings.daemon_broker_secret,
+                                   "key": crd.BROKER_SECRET_KEY}}  # fmt: skip
         pod_spec: dict[str, Any] = {
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": int(spec.drain_grace_secs) + 30,
@@ -614,7 +626,7 @@ class Reconciler:
                     "image": self.settings.daemon_image,
                     "command": ["drainctl"],
                     "args": args,
-                    "env": [{"name": "DRAIN_BROKER_URL", "value": broker}],
+                    "env": [{"name": crd.BROKER_URL_ENV, "valueFrom": broker}],
                     "volumeMounts": [
                         {"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT},
                         {"name": crd.RUN_VOLUME, "mountPath": crd.RUN_MOUNT},
@@ -627,6 +639,7 @@ class Reconciler:
             ],
         }
         suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
+        pod_labels = {crd.TASK_LABEL: self.name, crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT}
         return {
             "apiVersion": spec.sandbox_api_version,
             "kind": crd.SANDBOX_KIND,
@@ -638,9 +651,10 @@ class Reconciler:
             },
             "spec": {
                 **suspended,
-                # The label is how the drain guard (a PodDisruptionBudget) finds the pod.
+                # The task label is how the drain guard (a PodDisruptionBudget) finds the
+                # pod; the component label is what the daemon NetworkPolicy selects.
                 "podTemplate": {
-                    "metadata": {"labels": {crd.TASK_LABEL: self.name}},
+                    "metadata": {"labels": pod_labels},
                     "spec": pod_spec,
                 },
             },
@@ -1101,15 +1115,35 @@ def _larger(storage: str, restore_size: str | None) -> str:
         return storage
 
 
-def run_operator(*, namespaces: list[str] | None, manage_sandbox: bool) -> None:
-    """``drainctl operator``: kopf in the foreground, standalone (one replica)."""
+def run_operator(
+    *,
+    namespaces: list[str] | None,
+    manage_sandbox: bool,
+    peering: str | None = None,
+    liveness: str | None = None,
+) -> None:
+    """``drainctl operator``: kopf in the foreground; standalone (one replica) unless
+    ``peering`` (or ``DRAIN_PEERING``) names the peering object its replicas share
+    (``operator.peering``). ``liveness``: the URL kopf serves its health probe on."""
     import os
+
+    from orchestrator.operator.peering import own_priority
 
     if manage_sandbox:
         os.environ["DRAIN_MANAGE_SANDBOX"] = "true"
-        get_settings.cache_clear()
+    if peering is not None:
+        os.environ["DRAIN_PEERING"] = peering
+    get_settings.cache_clear()
+    settings = get_settings()
+    priority = None if settings.peering is None else own_priority(settings.peering_priority)
+    if priority is not None:
+        log.info("operator_peering name=%s priority=%d lifetime_secs=%d", settings.peering,
+                 priority, settings.peering_lifetime_secs)  # fmt: skip
     kopf.run(
-        standalone=True,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        priority=priority,
         clusterwide=not namespaces,
         namespaces=namespaces or [],
+        liveness_endpoint=liveness,
     )

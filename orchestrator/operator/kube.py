@@ -1,13 +1,14 @@
 """The few Kubernetes calls the operator makes besides kopf's own: Sandboxes, workspace
-PVCs, and CalibanTask status writes. A thin shell over the official client, run in
-threads so kopf's event loop never blocks; every function here is one API call or a
-small idempotent ensure-step, the names it addresses come from ``crd``, and the
-decisions about *when* to call it live in ``lifecycle``.
+PVCs, the daemon broker Secret, and CalibanTask status writes. A thin shell over the
+official client, run in threads so kopf's event loop never blocks; every function here
+is one API call or a small idempotent ensure-step, the names it addresses come from
+``crd``, and the decisions about *when* to call it live in ``lifecycle``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -67,6 +68,51 @@ async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any])
         except ApiException as exc:
             if exc.status != 409:  # already there: ensure is idempotent
                 raise
+
+    await asyncio.to_thread(call)
+
+
+def broker_secret_body(namespace: str, name: str, url: str) -> dict[str, Any]:
+    """The daemon broker Secret: the URL under ``crd.BROKER_SECRET_KEY``, base64 as the API
+    stores it. No owner: one Secret serves every task in the namespace."""
+    encoded = base64.b64encode(url.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT},
+        },
+        "data": {crd.BROKER_SECRET_KEY: encoded},
+    }
+
+
+async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
+    """Create Secret ``name`` holding ``url`` in ``namespace``, or patch it when it holds
+    another URL (the operator's daemon broker URL changed); untouched when it is right.
+    The URL is never logged nor put in an error: it may hold a password."""
+    body = broker_secret_body(namespace, name, url)
+    api = client.CoreV1Api()
+
+    def call() -> None:
+        try:
+            existing = api.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            try:
+                api.create_namespaced_secret(namespace, body)
+                return
+            except ApiException as exc2:
+                if exc2.status != 409:  # created meanwhile (another task): patch it below
+                    raise
+                existing = api.read_namespaced_secret(name, namespace)
+        if (existing.data or {}).get(crd.BROKER_SECRET_KEY) == body["data"][crd.BROKER_SECRET_KEY]:
+            return
+        api.patch_namespaced_secret(name, namespace, {"data": body["data"]},
+                                    _content_type=MERGE_PATCH)  # fmt: skip
 
     await asyncio.to_thread(call)
 

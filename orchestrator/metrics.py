@@ -1,0 +1,90 @@
+"""The orchestrator side's Prometheus metrics: the operator's and the orchestrator
+worker's (each process serves its own :data:`REGISTRY`; the daemon's are in
+``worker_agent.metrics``, the audit's in ``orchestrator.audit.loud``).
+
+Outcomes are counted where an operation finishes, and nowhere else: the ledger announces
+each commit that moves an operation to a terminal state (``on_operation_finished``),
+which happens exactly once, under the row lock, in whichever process did it. The
+worker finishes what its chains and its deadline sweeper close (recorded, failed,
+expired, resumed); the operator what it closes itself (a forced delete and the drain it
+supersedes). So a drain is counted once however many times its record is redelivered
+or its deletion handler re-run, and ``sum`` over both jobs is every outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from orchestrator.ledger.models import OperationKind
+from orchestrator.ledger.repository import Finished, on_operation_finished
+from worker_agent import metrics as daemon_metrics
+
+SUPERSEDED_BY_FORCE: Final = "superseded by a forced checkpoint"
+"""How the operator's ``_force_delete`` begins the error of the drain it abandons: such
+a drain's outcome is ``forced``."""
+
+REGISTRY = CollectorRegistry()
+
+DRAIN_DURATION = Histogram(
+    "caliban_drain_drain_duration_seconds",
+    "Seconds from a drain's start to its end, by kind (delete-drain, pause, drain) and "
+    "outcome (recorded, failed, expired: its deadline passed, forced: superseded by a "
+    "forced checkpoint).",
+    ["kind", "outcome"], buckets=daemon_metrics.DURATION_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+RESUME_DURATION = Histogram(
+    "caliban_drain_resume_duration_seconds",
+    "Seconds from a resume's or restore's start to its end, by kind and outcome "
+    "(resumed, failed, expired).",
+    ["kind", "outcome"], buckets=daemon_metrics.DURATION_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+OPERATIONS = Counter(
+    "caliban_drain_operations",
+    "Operations finished, by kind and final state (recorded, forced, failed, resumed).",
+    ["kind", "state"], registry=REGISTRY,
+)  # fmt: skip
+CHECKPOINTS = Counter(
+    "caliban_drain_checkpoints_recorded",
+    "Checkpoints recorded in the ledger, by reason (delete, pause, manual, forced).",
+    ["reason"], registry=REGISTRY,
+)  # fmt: skip
+FORCED_DELETES = Counter(
+    "caliban_drain_forced_deletes",
+    "Deletions released with a forced checkpoint (no clean drain: drainTimeout passed, "
+    "the drain failed, or no daemon was left to answer it).",
+    registry=REGISTRY,
+)  # fmt: skip
+QUEUE_WAIT = Histogram(
+    daemon_metrics.QUEUE_WAIT_NAME, daemon_metrics.QUEUE_WAIT_HELP, ["task"],
+    buckets=daemon_metrics.QUEUE_WAIT_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+
+
+def outcome(finished: Finished) -> str:
+    """The ``outcome`` label of a finished operation."""
+    op = finished.operation
+    if finished.expired:
+        return "forced" if (op.error or "").startswith(SUPERSEDED_BY_FORCE) else "expired"
+    return op.state.value
+
+
+def record_finished(finished: Finished) -> None:
+    """Count one finished operation (the ledger's listener)."""
+    op = finished.operation
+    OPERATIONS.labels(kind=op.kind.value, state=op.state.value).inc()
+    if finished.checkpoint_reason is not None:
+        CHECKPOINTS.labels(reason=finished.checkpoint_reason.value).inc()
+    if op.kind is OperationKind.FORCE_DELETE:
+        return  # nothing ran: its duration says nothing; FORCED_DELETES counts it
+    if op.finished_at is None:
+        return
+    took = max((op.finished_at - op.created_at).total_seconds(), 0.0)
+    histogram = DRAIN_DURATION if op.kind.records_checkpoint else RESUME_DURATION
+    histogram.labels(kind=op.kind.value, outcome=outcome(finished)).observe(took)
+
+
+def count_outcomes() -> None:
+    """Count, in this process, every operation its ledger calls finish."""
+    on_operation_finished(record_finished)
