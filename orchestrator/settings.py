@@ -78,6 +78,15 @@ class Settings(BrokerSettings):
     """How long a checkpoint's snapshot may take to become ``readyToUse`` before the
     operator gives up on it (a Warning, ``Snapshotted=False``) and releases the pod."""
 
+    metrics_port: int = Field(default=9100, ge=0, le=65535)
+    """The operator's ``/metrics`` (``DRAIN_METRICS_PORT``); 0 serves none."""
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's port, reached through its IP
+    """The address the operator's metrics are served on (``DRAIN_METRICS_HOST``)."""
+    worker_metrics_port: int = Field(default=9101, ge=0, le=65535)
+    """The orchestrator worker's ``/metrics``, ``/healthz`` and ``/readyz``
+    (``DRAIN_WORKER_METRICS_PORT``, or ``drainctl worker --metrics-port``); 0: none. It
+    is served on ``DRAIN_METRICS_HOST`` too."""
+
     audit_interval_secs: float = Field(default=60.0, gt=0)
     """How often the periodic audit (``drainctl audit --every``) runs."""
     audit_full_pass_secs: float = Field(default=3600.0, gt=0)

@@ -73,8 +73,15 @@ def _own_postgres_database(worker: str) -> str | None:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 
 
+METRICS_OFF = ("DRAIN_METRICS_PORT", "DRAIN_WORKER_METRICS_PORT", "DRAIN_DAEMON_METRICS_PORT")
+"""Off unless a test asks (the dev stack picks free loopback ports for its own): the
+defaults, 9100-9102 on every address, are a pod's, and would collide between tests."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _private_redis
+    for name in METRICS_OFF:
+        os.environ.setdefault(name, "0")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker in (None, "gw0"):
         return

@@ -36,9 +36,10 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Reject
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
+from worker_agent import metrics
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
     ACTIVITY,
@@ -258,13 +259,17 @@ def _not_this_checkpoint(store_root: Path, agents: list[ResumeAgent]) -> str | N
             continue  # a forced checkpoint or a recovery: the workspace as it is
         try:
             session = store.resolve_session_dir(agent.session_dir)
-            load_session(session)
+            held = load_session(session)
         except (ProtocolError, SessionError, OSError):
             continue  # missing or unreadable: that agent fails alone, the rest resume
         try:
             store.check_expected(session, agent.turns, agent.session_sha256)
         except ProtocolError as exc:
             problems.append(f"{agent.id}: {exc.message}")
+            if lost := metrics.lost_turns(agent.turns, held.turns):
+                metrics.DAEMON_LOST_TURNS.inc(lost)
+                log.error("lost_turns agent=%s recorded=%s found=%d", agent.id, agent.turns,
+                          held.turns)  # fmt: skip
     if not problems:
         return None
     return f"{CHECKPOINT_MISMATCH}; no agent was resumed: {'; '.join(problems)}"
@@ -462,6 +467,50 @@ def _start_heartbeat(**_: Any) -> None:
 def _stop_heartbeat(**_: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stopping.set()
+
+
+@worker_ready.connect
+def _say_ready(**_: Any) -> None:
+    metrics.consumer_ready(True)
+
+
+@worker_shutting_down.connect
+def _say_not_ready(**_: Any) -> None:
+    metrics.consumer_ready(False)
+
+
+_started: dict[str, float] = {}  # task id → when it started (the solo pool: one at a time)
+
+
+@task_prerun.connect
+def _task_started(task_id: str = "", task: Any = None, **_: Any) -> None:
+    if task is not None:
+        metrics.observe_queue_wait(metrics.DAEMON_QUEUE_WAIT, task)
+        _started[task_id] = time.monotonic()
+
+
+@task_postrun.connect
+def _task_finished(task_id: str = "", task: Any = None, retval: object = None, **_: Any) -> None:
+    started = _started.pop(task_id, None)
+    if started is None or task is None or task.name != DAEMON_RESUME:
+        return
+    metrics.DAEMON_RESUME_DURATION.labels(outcome=resume_outcome(retval)).observe(
+        time.monotonic() - started
+    )
+
+
+def resume_outcome(answer: object) -> str:
+    """The ``outcome`` label of a resume task's answer (see ``DAEMON_RESUME_DURATION``)."""
+    if not isinstance(answer, dict):
+        return "failed"  # retried or raised: no answer
+    error = answer.get("error")
+    if isinstance(error, str) and error.startswith(CHECKPOINT_MISMATCH):
+        return "refused"
+    results = [r for r in answer.get("results") or [] if isinstance(r, dict)]
+    ok = sum(bool(r.get("ok")) for r in results)
+    if error or (results and not ok):
+        return "failed"
+    return "ok" if ok == len(results) else "partial"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from worker_agent import proto, unixpath
 from worker_agent.consumer_process import consumer_process
+from worker_agent.probes import DaemonProbes
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
 from worker_agent.store import StoreInUse
@@ -299,9 +300,14 @@ async def run_daemon(settings: DaemonSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.stopping.set)
+    probes = DaemonProbes(settings, supervisor) if settings.metrics_port else None
+    if probes is not None:
+        probes.start()
     consumer = None
     if settings.queue is not None:
         consumer = consumer_process(settings, str(supervisor.socket_path))
+        if probes is not None:
+            probes.watch_consumer(consumer)
         consumer.start()
     await supervisor.spawn_initial()
     log.info("daemon_ready pid=%d store=%s", os.getpid(), supervisor.store.root)
@@ -313,4 +319,6 @@ async def run_daemon(settings: DaemonSettings) -> None:
     if consumer is not None:
         await consumer.wait_stopped(within=settings.drain_grace_secs + 30)
     await server.close()
+    if probes is not None:
+        await probes.close()
     log.info("daemon_stopped")

@@ -52,6 +52,9 @@ class DaemonSettings(BaseSettings):
     """The consumer's broker; defaults to ``DRAIN_BROKER_URL``."""
     task_uid: str | None = None
     """The CalibanTask uid this pod serves, carried in heartbeats."""
+    metrics_port: int = Field(default=9102, ge=0, le=65535)
+    """``/metrics``, ``/healthz`` and ``/readyz`` on this port; 0 serves none."""
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's port, reached through its IP
     initial_agents: int = Field(default=0, ge=0, le=64)
     """Agents to spawn when the store holds none yet (a fresh workspace); a store with
     agents (a restart, a resume, a restore) is left for ``resume`` to continue."""

@@ -227,10 +227,19 @@ def _deprecated_loglevel(value: str | None) -> str | None:
     callback=lambda _ctx, _param, value: _deprecated_loglevel(value),
     help="Deprecated spelling of --log-level.",
 )
-def worker_cmd(concurrency: int, log_level: str, legacy_log_level: str | None) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port of /metrics, /healthz, /readyz (default DRAIN_WORKER_METRICS_PORT, 9101; 0: none).",
+)
+def worker_cmd(
+    concurrency: int, log_level: str, legacy_log_level: str | None, metrics_port: int | None
+) -> None:
     """Run the orchestrator's Celery worker (queue ``orchestrator``) and the deadline
     sweeper."""
     from orchestrator.pipeline.app import app
+    from orchestrator.pipeline.probes import serve_worker
     from orchestrator.pipeline.tasks import DeadlineSweeper
     from orchestrator.settings import get_settings
 
@@ -238,6 +247,8 @@ def worker_cmd(concurrency: int, log_level: str, legacy_log_level: str | None) -
     _check_broker_url(app.conf.broker_url)
     ledger, settings = open_ledger(), get_settings()
     configure_logging(level)
+    port = settings.worker_metrics_port if metrics_port is None else metrics_port
+    serve_worker(app, ledger, settings.metrics_host, port)
     DeadlineSweeper(ledger, settings.sweep_interval_secs).start()
     app.worker_main(
         [

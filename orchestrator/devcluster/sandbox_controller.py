@@ -46,6 +46,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -202,6 +203,17 @@ def should_run(version: str, sandbox: dict[str, Any]) -> bool:
     return int(spec.get("replicas", 1) or 0) > 0
 
 
+DAEMON_METRICS_DIR = "daemon-metrics"
+"""Where each pod's daemon's ``/metrics`` URL is written, one file per Sandbox
+(``<namespace>.<name>``), rewritten when its pod is started again."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def empty_dir(state_dir: Path, sandbox_uid: str, volume: str) -> Path:
     """The directory that is emptyDir ``volume`` of Sandbox ``sandbox_uid``'s pod (where
     the daemon's control socket is, for a user who talks to it directly). Per pod: a
@@ -349,6 +361,7 @@ class SandboxController:
         if argv and argv[0] == "drainctl":
             argv = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
         env = {**os.environ, **self.env, **container_environment}
+        argv, env = self.own_metrics_port(namespace, name, argv, env)
         log_dir = self.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
@@ -361,6 +374,23 @@ class SandboxController:
         self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims,
                              manifest=pod_manifest(sandbox, pod_spec))  # fmt: skip
         log.info("sandbox_pod_started sandbox=%s/%s pid=%d", namespace, name, process.pid)
+
+    def own_metrics_port(
+        self, namespace: str, name: str, argv: list[str], env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """Give the pod's daemon a free port of its own for its metrics and probes, as a
+        pod's own network namespace would (every daemon here shares one machine), and
+        write its URL to ``<state>/daemon-metrics/<namespace>.<name>``."""
+        port = free_port()
+        argv = [f"--metrics-port={port}" if a.startswith("--metrics-port=") else a for a in argv]
+        if "--metrics-port" in argv[:-1]:
+            argv[argv.index("--metrics-port") + 1] = str(port)
+        env = {**env, "DRAIN_DAEMON_METRICS_PORT": str(port),
+               "DRAIN_DAEMON_METRICS_HOST": "127.0.0.1"}  # fmt: skip
+        where = self.state_dir / DAEMON_METRICS_DIR
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f"{namespace}.{name}").write_text(f"http://127.0.0.1:{port}/metrics\n")
+        return argv, env
 
     @staticmethod
     def _localize(arg: str, mounts: dict[str, Path]) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -44,7 +45,7 @@ from orchestrator.devcluster import broker, csi
 from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
 from orchestrator.devcluster.kubeconfig import kubeconfig_document, write_kubeconfig
 from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
-from orchestrator.devcluster.sandbox_controller import SandboxController
+from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR, SandboxController
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.operator.crd import (
     SANDBOX_CRD,
@@ -66,6 +67,12 @@ LEDGER_FILE: Final = "ledger.db"
 
 AUDIT_REPORT_FILE: Final = "audit-report.json"
 """The periodic auditor's latest report, in the state dir."""
+
+METRICS_FILE: Final = "metrics.json"
+"""The ``/metrics`` URLs of the stack's processes (operator, worker, audit), in the
+state dir; each daemon's is in the stand-in controller's (``sandbox_controller``). The
+stack picks free ports on 127.0.0.1 for all of them, whatever ``DRAIN_METRICS_PORT``
+says, so stacks and daemons on one machine never collide."""
 
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
@@ -130,6 +137,7 @@ def stack_environment(
         env["DRAIN_BROKER_URL"] = f"redis://{broker.HOST}:{embedded_broker_port}/0"
         env.setdefault("DRAIN_RESULT_BACKEND", env["DRAIN_BROKER_URL"])
     env["KUBECONFIG"] = str(kubeconfig)
+    env["DRAIN_METRICS_HOST"] = env["DRAIN_DAEMON_METRICS_HOST"] = broker.HOST
     env.setdefault("DRAIN_RECONCILE_INTERVAL_SECS", "1")
     env.setdefault("DRAIN_HEARTBEAT_INTERVAL_SECS", "5")
     env.setdefault("DRAIN_HEARTBEAT_POLL_SECS", "0.5")
@@ -223,12 +231,19 @@ async def run_dev_up(
                             name)  # fmt: skip
         write_kubeconfig(kubeconfig, api.url)
         cli = [sys.executable, "-m", "orchestrator.cli"]
-        worker = KeptProcess("orchestrator worker", [*cli, "worker"], env, logs / "worker.log")
+        served = {"operator": broker.free_port(), "worker": broker.free_port()}
+        worker = KeptProcess(
+            "orchestrator worker", [*cli, "worker", "--metrics-port", str(served["worker"])],
+            env, logs / "worker.log",
+        )  # fmt: skip
+        operator_env = {**env, "DRAIN_METRICS_PORT": str(served["operator"])}
         operator = KeptProcess(
-            "operator", [*cli, "operator", "--manage-sandbox"], env, logs / "operator.log"
+            "operator", [*cli, "operator", "--manage-sandbox"], operator_env, logs / "operator.log"
         )
         controller = SandboxController(state_dir / SANDBOXES_DIR, env=env)
-        metrics_port = broker.free_port()
+        metrics_port = served["audit"] = broker.free_port()
+        urls = {what: f"http://{broker.HOST}:{port}/metrics" for what, port in served.items()}
+        (state_dir / METRICS_FILE).write_text(json.dumps(urls, indent=2) + "\n")
         auditor = KeptProcess(
             "auditor",
             [*cli, "audit", "--every", env.get("DRAIN_AUDIT_INTERVAL_SECS", "60"),
@@ -257,6 +272,8 @@ async def run_dev_up(
             f"broker {env['DRAIN_BROKER_URL']}\n"
             f"  logs in {logs}; volumes in {state_dir / SANDBOXES_DIR / csi.VOLUMES_DIR}\n"
             f"  {snapshot_line}\n"
+            f"  metrics: operator {urls['operator']}, worker {urls['worker']} (also /healthz, "
+            f"/readyz), daemons' in {state_dir / SANDBOXES_DIR / DAEMON_METRICS_DIR}\n"
             f"  audit every {env.get('DRAIN_AUDIT_INTERVAL_SECS', '60')}s: report "
             f"{state_dir / AUDIT_REPORT_FILE}, metrics http://127.0.0.1:{metrics_port}/metrics; "
             f"now: DRAIN_DATABASE_URL={env['DRAIN_DATABASE_URL']} drainctl audit --kubeconfig "

@@ -31,7 +31,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -129,6 +129,36 @@ class OperationView:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """An operation this process just moved to a terminal state (committed)."""
+
+    operation: OperationView
+    checkpoint_reason: CheckpointReason | None = None
+    """The reason of the checkpoint recorded with it, if one was."""
+    expired: bool = False
+    """Failed by ``expire_operation`` (a deadline, or superseded) rather than by its chain."""
+
+
+_finished_listeners: list[Callable[[Finished], None]] = []
+
+
+def on_operation_finished(listener: Callable[[Finished], None]) -> None:
+    """Call ``listener`` after every commit in this process that finishes an operation.
+
+    A terminal state is entered exactly once, under the operation's row lock, so each
+    finished operation is announced once, by the one process that finished it (a
+    redelivered record answering the existing checkpoint announces nothing). The
+    metrics count outcomes this way."""
+    if listener not in _finished_listeners:
+        _finished_listeners.append(listener)
+
+
+def _announce(finished: Finished) -> None:
+    for listener in _finished_listeners:
+        listener(finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +469,10 @@ class Ledger:
                 row.celery_task_ids = {**row.celery_task_ids, **new_ids}
             if new_detail is not None:
                 row.detail = new_detail
-            return _operation_view(row)
+            view = _operation_view(row)
+        if wanted.terminal:
+            _announce(Finished(view))
+        return view
 
     def expire_operation(self, op_id: str, reason: str) -> OperationView:
         """Fail an unfinished operation with ``reason``; a finished one is answered as is.
@@ -457,7 +490,9 @@ class Ledger:
             row.error = reason
             row.updated_at = now
             row.finished_at = now
-            return _operation_view(row)
+            view = _operation_view(row)
+        _announce(Finished(view, expired=True))
+        return view
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -524,7 +559,9 @@ class Ledger:
                 op.updated_at = now
                 op.finished_at = now
                 session.flush()
-                return _checkpoint_view(checkpoint)
+                recorded, finished = _checkpoint_view(checkpoint), _operation_view(op)
+            _announce(Finished(finished, checkpoint_reason=why))
+            return recorded
         except IntegrityError:
             # UNIQUE(operation_id): a concurrent call recorded this operation first.
             with self._sessions.begin() as session:

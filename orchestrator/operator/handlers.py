@@ -32,6 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 import kopf
 from kubernetes.utils import parse_quantity
 
+from orchestrator import metrics
 from orchestrator.ledger import (
     ActivityView,
     CheckpointReason,
@@ -42,7 +43,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import TERMINAL_STATES
-from orchestrator.operator import crd, kube
+from orchestrator.operator import crd, kube, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator.lifecycle import (
     AgentCounts,
     Availability,
@@ -1082,8 +1083,8 @@ async def _force_delete(r: Reconciler, op: OperationView, cause: str | None = No
     if not op.terminal:
         op = await _ledger_call(
             r.ledger.expire_operation, op.id,
-            f"superseded by a forced checkpoint: {cause}" if cause else
-            f"superseded by a forced checkpoint: the drain did not finish within drainTimeout "
+            f"{metrics.SUPERSEDED_BY_FORCE}: {cause}" if cause else
+            f"{metrics.SUPERSEDED_BY_FORCE}: the drain did not finish within drainTimeout "
             f"({op.state} after the timeout)",
         )  # fmt: skip
     forced = await _ledger_call(
@@ -1095,6 +1096,8 @@ async def _force_delete(r: Reconciler, op: OperationView, cause: str | None = No
         r.ledger.record_checkpoint, forced.id, [], reason=CheckpointReason.FORCED,
         pvc_name=r.pvc_name, forced=True,
     )  # fmt: skip
+    if forced.state is not OperationState.FORCED:
+        metrics.FORCED_DELETES.inc()  # recorded by this call, not by a re-run's
     why = op.error or f"drain {op.id} did not finish within drainTimeout"
     kopf.warn(
         r.body,
