@@ -264,6 +264,12 @@ def make_celery(settings: BrokerSettings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         enable_utc=True,
     )
+    from celery.signals import before_task_publish
+
+    from worker_agent.metrics import stamp_sent_at
+
+    # Every message either half publishes carries its sent time, for the queue wait.
+    before_task_publish.connect(stamp_sent_at, weak=False)
     return app
 
 

@@ -9,13 +9,15 @@ directory the supervisor makes and hands to the child), so a consumer restarted 
 its counts and the supervisor serves both (:func:`daemon_registry`).
 
 Queue wait is measured from a header every publisher stamps (:data:`SENT_AT_HEADER`,
-connected here to Celery's ``before_task_publish``, so whatever imports this module
-stamps its messages) to the moment a worker starts the task; a message with an ETA is
+:func:`stamp_sent_at`, connected to Celery's ``before_task_publish`` by
+``contract.make_celery``, so every app of either half stamps its messages) to the moment
+a worker starts the task; a message with an ETA is
 counted from its ETA. Publisher and consumer clocks differ by their skew; a negative wait
 is counted as 0.
 
-This module imports ``prometheus_client`` and Celery's signals only: the orchestrator
-imports it (the server, the header), never the other way round.
+This module imports ``prometheus_client`` only, never Celery (the supervisor process
+loads no Celery): the orchestrator imports it (the server, the names), never the other
+way round.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
-from celery.signals import before_task_publish
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -108,8 +109,9 @@ def queue_wait(sent_at: object, eta: object, started: float) -> float | None:
 # -------------------------------------------------------------- Celery instrumentation
 
 
-@before_task_publish.connect(weak=False)
-def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
+def stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Celery's ``before_task_publish``: stamp the message (``contract.make_celery``
+    connects it, so both halves' messages carry it)."""
     if headers is not None:
         headers.setdefault(SENT_AT_HEADER, time.time())
 

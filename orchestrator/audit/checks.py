@@ -23,6 +23,7 @@ from orchestrator.ledger import ActivityView, CheckpointView, DrainRecordProblem
 from orchestrator.operator.lifecycle import HEARTBEATS_MISSED_BEFORE_SILENT, Phase
 from orchestrator.settings import Settings
 from worker_agent.contract import TaskNameError, daemon_queue
+from worker_agent.metrics import lost_turns
 
 DAEMON_PHASES = frozenset({Phase.RUNNING, Phase.PROVISIONING, Phase.RESUMING})
 """Phases in which a task's daemon must be heartbeating."""
@@ -447,6 +448,7 @@ def check_sessions(
         found.append(Finding(
             FindingKind.SESSION_MISMATCH, f"checkpoint {checkpoint.ref}",
             f"agent {agent.agent_id}'s session in {where} {why}", checkpoint.namespace,
+            lost_turns=lost_turns(agent.turns, got.turns),
         ))  # fmt: skip
     return _one_per_subject(found)
 

@@ -64,6 +64,9 @@ class Finding:
     namespace: str | None = None
     task: str | None = None
     """The CalibanTask the finding is raised on (its event and condition), if it exists."""
+    lost_turns: int = 0
+    """Completed turns the checkpoint recorded and its workspace no longer holds
+    (``SessionMismatch`` of a session that went back); in the JSON only when not 0."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -73,4 +76,7 @@ class Finding:
         return f"{self.kind.value} {self.subject}: {self.message}"
 
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
+        document = {**asdict(self), "kind": self.kind.value}
+        if not self.lost_turns:
+            del document["lost_turns"]
+        return document

@@ -24,6 +24,7 @@ from orchestrator.audit.findings import Finding, FindingKind
 from orchestrator.audit.runner import AuditReport
 from orchestrator.operator import crd
 from orchestrator.operator.lifecycle import condition, merge_conditions
+from worker_agent.metrics import LOST_TURNS_HELP, LOST_TURNS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class AuditMetrics:
             "caliban_drain_audit_checked", "Objects the audit checked, by what they are.",
             ["what"], registry=self.registry,
         )  # fmt: skip
+        self.lost_turns = Counter(LOST_TURNS_NAME, LOST_TURNS_HELP, registry=self.registry)
+        """Counted when a finding with lost turns first appears (``Announcer``)."""
         self.last_run = Gauge("caliban_drain_audit_last_run_timestamp_seconds",
                               "When the latest audit run finished.",
                               registry=self.registry)  # fmt: skip
@@ -75,8 +78,10 @@ class Announcer:
     def __init__(self) -> None:
         self.previous: set[tuple[str, str]] = set()
 
-    def announce(self, report: AuditReport, tasks: list[TaskState]) -> None:
+    def announce(self, report: AuditReport, tasks: list[TaskState]) -> list[Finding]:
+        """Announce the report; answer the findings that are new since the last one."""
         current = {f.key for f in report.findings}
+        new = [f for f in report.findings if f.key not in self.previous]
         by_name = {(t.namespace, t.name): t for t in tasks}
         for f in report.findings:
             if f.key in self.previous:
@@ -91,6 +96,7 @@ class Announcer:
         self.previous = current
         if report.kubernetes:
             self.conditions(report.findings, tasks)
+        return new
 
     @staticmethod
     def event(finding: Finding, task: TaskState) -> None:

@@ -48,11 +48,12 @@ def run_periodically(
     while not stop.is_set():
         try:
             report = auditor.run(everything=False)
-            announcer.announce(report, auditor.last_tasks)
+            new = announcer.announce(report, auditor.last_tasks)
         except Exception as exc:  # an outage: say so, and try again next period
             log.warning("audit_failed error=%s: %s", type(exc).__name__, exc)
         else:
             metrics.observe(report)
+            metrics.lost_turns.inc(sum(f.lost_turns for f in new))
             log.info("audit_done findings=%d duration=%.3fs checkpoints_checked=%d "
                      "sessions_checked=%d", len(report.findings), report.duration_secs,
                      report.counts.get("checkpoints_checked", 0),
