@@ -59,6 +59,28 @@ def dev() -> None:
     "cluster with CSI snapshot support does. --no-snapshots: a cluster without them "
     "(snapshot CRDs saved in the state dir are removed, their objects with them).",
 )
+@click.option(
+    "--operator/--no-operator",
+    default=True,
+    show_default=True,
+    help="Run the operator. --no-operator: run your own against the kubeconfig, e.g. two "
+    "replicas with drainctl operator --manage-sandbox --peering NAME (the stack serves "
+    "kopf's peering CRDs; create the peering object NAME first).",
+)
+@click.option(
+    "--rbac",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Authorize by RBAC: apply this file's RBAC objects (deploy/base/rbac.yaml) and run "
+    "the operator as its ServiceAccount, refused what they do not grant.",
+)
+@click.option(
+    "--record-requests",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write each API request's user, verb, group, resource, namespace and name to this "
+    "file as a JSON line.",
+)
 @log_level_option
 def dev_up(
     kubeconfig: Path,
@@ -67,6 +89,9 @@ def dev_up(
     sandbox_storage: str,
     fresh: bool,
     snapshots: bool,
+    operator: bool,
+    rbac: Path | None,
+    record_requests: Path | None,
     log_level: str,
 ) -> None:
     """Embedded API, operator, worker, stand-in Sandbox controller, ledger and broker.
@@ -81,6 +106,8 @@ def dev_up(
             run_dev_up(
                 kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
                 sandbox_storage=sandbox_storage, fresh=fresh, snapshots=snapshots,
+                operator=operator, rbac=rbac.resolve() if rbac else None,
+                record_requests=record_requests.resolve() if record_requests else None,
             )
         )  # fmt: skip
     except DevClusterError as exc:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -38,13 +39,63 @@ API_TIMEOUT_SECS: Final = 10.0
 @click.option(
     "--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable)."
 )
+@click.option(
+    "--peering",
+    default=None,
+    metavar="NAME",
+    help="Run as one of several replicas sharing the kopf peering object NAME (a "
+    "ClusterKopfPeering; a KopfPeering per namespace with --namespace): one acts, the others "
+    "stand by (DRAIN_PEERING; default: standalone, one replica).",
+)
+@click.option(
+    "--liveness",
+    default=None,
+    metavar="URL",
+    callback=lambda _ctx, _param, value: _liveness_url(value),
+    help="Serve kopf's liveness probe at URL, e.g. http://0.0.0.0:8080/healthz.",
+)
 @log_level_option
-def operator_cmd(manage_sandbox: bool, namespaces: tuple[str, ...], log_level: str) -> None:
+def operator_cmd(
+    manage_sandbox: bool,
+    namespaces: tuple[str, ...],
+    peering: str | None,
+    liveness: str | None,
+    log_level: str,
+) -> None:
     """Run the CalibanTask operator (kopf; kubeconfig or in-cluster credentials)."""
     configure_logging(log_level)
     from orchestrator.operator.handlers import run_operator
+    from orchestrator.operator.permissions import find_missing
 
-    run_operator(namespaces=list(namespaces) or None, manage_sandbox=manage_sandbox)
+    try:
+        run_operator(
+            namespaces=list(namespaces) or None,
+            manage_sandbox=manage_sandbox,
+            peering=peering,
+            liveness=liveness,
+        )
+    except Exception as exc:  # kopf wraps the startup check's refusal in its own error
+        missing = find_missing(exc)
+        if missing is None:
+            raise
+        raise OperationFailed(str(missing)) from None
+
+
+def _liveness_url(value: str | None) -> str | None:
+    """``--liveness``: an http URL with a host, a port and a path (kopf serves only http)."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or not parts.path:
+        raise click.BadParameter(
+            f"{value!r} is not an http URL with a host, a port and a path, "
+            "e.g. http://0.0.0.0:8080/healthz"
+        )
+    return value
 
 
 def kube_options(command: F) -> F:

@@ -200,8 +200,11 @@ def _resumed_from(directory: Path) -> list[int]:
 
 
 class Story:
-    def __init__(self, root: Path, agents: int, port: int, echo: Echo | None) -> None:
+    def __init__(
+        self, root: Path, agents: int, port: int, echo: Echo | None, *stack_args: str
+    ) -> None:
         self.root = root
+        self.stack_args = stack_args  # more ``drainctl dev up`` options (tests: --rbac)
         self.agent_count = agents
         self.port = port
         self.echo = echo
@@ -247,7 +250,8 @@ class Story:
 
     def start_stack(self) -> None:
         stack = DevStackProcess(
-            self.root, "--fresh", "--port", str(self.port), env=stack_environment()
+            self.root, "--fresh", "--port", str(self.port), *self.stack_args,
+            env=stack_environment(),
         )
         self.stack = stack
         self.progress("starting the dev stack (drainctl dev up) ...")

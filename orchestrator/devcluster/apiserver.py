@@ -12,7 +12,8 @@ and a process-wide patch of aiohttp's DNS resolution, which a long-running serve
 shares its process with kopf must not have. :func:`run_dev_cluster` is the
 foreground command: serve, write the kubeconfig, wait for SIGTERM or SIGINT.
 
-There is no authentication: it listens on 127.0.0.1 unless a caller asks otherwise.
+There is no authentication unless ``access`` asks for it (``authz``: bearer tokens,
+RBAC, a record of every request); it listens on 127.0.0.1 unless a caller asks otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import kmock
 import yaml
 
 from orchestrator.devcluster import persistence, resources
+from orchestrator.devcluster.authz import AccessControl
 from orchestrator.devcluster.emulator import DevClusterEmulator
 from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.store import ClusterState
@@ -91,10 +93,11 @@ class EmbeddedApiServer:
         crds: Iterable[CrdSource] = (),
         *,
         state_file: Path | None = None,
+        access: AccessControl | None = None,
     ) -> None:
         self.host = host
         self.port = port
-        self.emulator = DevClusterEmulator()
+        self.emulator = DevClusterEmulator(access=access)
         self.state_file = state_file
         self._crds = load_crds(crds)
         self._runner: aiohttp.web.ServerRunner | None = None

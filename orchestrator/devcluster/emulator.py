@@ -47,6 +47,7 @@ from kmock._internal.rendering import StreamingError
 from typing_extensions import override
 
 from orchestrator.devcluster import (
+    authz,
     discovery,
     errors,
     patching,
@@ -141,12 +142,15 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with the semantics kubectl and kopf rely on."""
 
     request_retention: int = 2_000
+    access: authz.AccessControl | None = None  # None: no authentication, as by default
     registry: ResourceRegistry = attrs.field(factory=ResourceRegistry, init=False)
     state: ClusterState = attrs.field(init=False)
     _seen: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        for served in authz.served_resources():
+            self.registry.serve(served)
         self.state = ClusterState(
             self.objects, self.registry, on_resources_changed=self._mirror_resources
         )
@@ -163,6 +167,8 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
         response: aiohttp.web.StreamResponse
         try:
             try:
+                if self.access is not None:
+                    self._admit(self.access, request)
                 response = await self._handle(request)
             except _Claimed:
                 response = await self._serve(request, raw_request)
@@ -182,6 +188,41 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
             (time.monotonic() - started) * 1000,
         )
         return response
+
+    def _admit(self, access: authz.AccessControl, request: kmock.Request) -> None:
+        """Authenticate, record and authorize one request (``authz``); raises the 401 or
+        403 it gets. Discovery and health paths are every user's (``system:discovery``)."""
+        user = access.authenticate(request.headers)
+        attrs = authz.attributes_of(request)
+        if attrs is None:
+            return
+        allowed = access.decide(self._policy(), user, attrs)
+        access.record(user, attrs, allowed)
+        if not allowed:
+            raise authz.forbidden(user, attrs)
+
+    def _policy(self) -> authz.Policy:
+        def stored(key: resources.ResourceKey) -> list[dict[str, Any]]:
+            served = self.registry.lookup(*key)
+            assert served is not None  # served from the start
+            return self.state.list_objects(WatchQuery(served, None, None))[0]
+
+        return authz.Policy.of(
+            stored(authz.ROLES), stored(authz.CLUSTER_ROLES),
+            stored(authz.ROLE_BINDINGS), stored(authz.CLUSTER_ROLE_BINDINGS),
+        )  # fmt: skip
+
+    def _review(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A SelfSubjectAccessReview, answered for the requesting user and not stored."""
+        if request.method.value != "POST" or request.name is not None:
+            raise errors.method_not_allowed()
+        asked = authz.review_attributes(request.data)
+        if self.access is None or not self.access.authorize:
+            return _json(authz.review_answer(request.data, True, "no authorization"), 201)
+        user = self.access.authenticate(request.headers)
+        ok = authz.allowed(self._policy(), user, asked)
+        reason = "RBAC: allowed" if ok else ""
+        return _json(authz.review_answer(request.data, ok, reason), 201)
 
     @override
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -329,6 +370,8 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
         )
         if served is None or (request.namespace is not None and not served.namespaced):
             raise errors.unknown_resource()
+        if served.key == authz.SELF_SUBJECT_ACCESS_REVIEWS:
+            return self._review(request)
         if request.params.get("dryRun"):
             raise errors.bad_request("dry-run is not supported by the embedded API server")
         subresource = request.subresource

@@ -379,6 +379,10 @@ class ResourceRegistry:
         for resource in builtin_resources():
             self._served[resource.key] = resource
 
+    def serve(self, resource: ServedResource) -> None:
+        """Serve one more built-in (``authz`` adds its own)."""
+        self._served[resource.key] = resource
+
     def __iter__(self) -> Iterator[ServedResource]:
         return iter(list(self._served.values()))
 

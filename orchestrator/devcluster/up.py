@@ -18,6 +18,12 @@ The API's objects are saved in ``<state-dir>/api-state.json`` (``persistence``) 
 restored by the next ``dev up`` on the same state dir, as a real cluster's etcd outlives
 its API server; ``--fresh`` starts with an empty API instead. A state file that cannot be
 restored stops the command with one line saying so, never an empty cluster in its place.
+With ``--rbac FILE`` the API authenticates bearer tokens and authorizes by RBAC
+(``authz``): the objects of FILE (``deploy/base/rbac.yaml``) are applied at start, the
+operator runs as the ServiceAccount ``caliban-drain-operator`` with its own kubeconfig
+(:data:`OPERATOR_KUBECONFIG`), everything else as a ``system:masters`` user; with
+``--record-requests FILE`` each request's user, verb, resource and name is written to
+FILE as a JSON line (tokens on, so the operator's calls are told apart).
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
 everything, daemons drained on the way out.
 """
@@ -41,9 +47,9 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.devcluster import broker, csi
+from orchestrator.devcluster import authz, broker, csi
 from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer, load_crds
-from orchestrator.devcluster.kubeconfig import kubeconfig_document, write_kubeconfig
+from orchestrator.devcluster.kubeconfig import DEV_TOKEN, kubeconfig_document, write_kubeconfig
 from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
 from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR, SandboxController
 from orchestrator.ledger.migrate import upgrade
@@ -74,6 +80,43 @@ state dir; each daemon's is in the stand-in controller's (``sandbox_controller``
 stack picks free ports on 127.0.0.1 for all of them, whatever ``DRAIN_METRICS_PORT``
 says, so stacks and daemons on one machine never collide."""
 
+OPERATOR_KUBECONFIG: Final = "operator-kubeconfig.yaml"
+"""The operator's own kubeconfig in the state dir (with ``--rbac`` or
+``--record-requests``): its ServiceAccount's token."""
+
+OPERATOR_TOKEN: Final = "caliban-drain-operator-dev"  # noqa: S105  # the dev API's own
+OPERATOR_USER: Final = authz.service_account_user("caliban-drain", "caliban-drain-operator")
+ADMIN_USER: Final = authz.User("caliban-drain-dev", (authz.SUPERUSER_GROUP,))
+
+
+def stack_access(rbac: bool, record_requests: Path | None) -> authz.AccessControl | None:
+    """The API's checks: none by default; tokens (the dev user, the operator's) with
+    ``rbac`` or a record, RBAC authorization with ``rbac``."""
+    if not rbac and record_requests is None:
+        return None
+    tokens = {DEV_TOKEN: ADMIN_USER, OPERATOR_TOKEN: OPERATOR_USER}
+    return authz.AccessControl(tokens, authorize=rbac, record_requests=record_requests)
+
+
+def apply_manifests(path: Path) -> None:
+    """Create the objects of ``path`` (namespaces they need first), as kubectl apply."""
+    from kubernetes import utils
+
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise DevClusterError(f"cannot read RBAC manifests {path}: {exc}") from exc
+    namespaces = {d.get("metadata", {}).get("namespace") for d in documents} - {None}
+    api = client.ApiClient()
+    for namespace in sorted(namespaces):
+        with contextlib.suppress(ApiException):  # it exists
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    for document in documents:
+        try:
+            utils.create_from_dict(api, document)
+        except (utils.FailToCreateError, ValueError, AttributeError) as exc:
+            raise DevClusterError(f"cannot apply {path}: {exc}") from exc
+
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
     ("orchestrator.devcluster", "crds/sandbox.yaml"),
@@ -92,6 +135,12 @@ SNAPSHOT_CRDS: Final = tuple(
 byte (``crds/snapshots/README.md`` says from where). Served by the dev stack unless
 ``--no-snapshots``; never in ``deploy/crds/``, since on a cluster its CSI distribution
 installs them, not this project."""
+
+
+PEERING_CRDS: Final = (("orchestrator.operator", "crds/kopf-peering.yaml"),)
+"""kopf's peering CRDs (ClusterKopfPeering, KopfPeering), which replicas of the operator
+run with ``--peering`` share; served by the dev stack, so two operators can fail over on
+it. On a cluster they come with the operator's manifests (``deploy/base``)."""
 
 
 def packaged_crds(*, snapshots: bool = True) -> list[dict[str, Any]]:
@@ -147,14 +196,14 @@ def stack_environment(
 
 
 def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str, Any]]:
-    """The packaged CRDs (the snapshot ones only with ``snapshots``), with the Sandbox
-    stored as ``sandbox_storage``.
+    """The packaged CRDs (the snapshot ones only with ``snapshots``) and kopf's peering
+    CRDs, with the Sandbox stored as ``sandbox_storage``.
 
     Without a conversion webhook each Sandbox keeps only the fields of the version it
     is stored as (``replicas`` on v1alpha1, ``operatingMode`` on v1beta1), as on a real
     cluster; the dev stack lets a user pick which one the cluster has.
     """
-    crds = packaged_crds(snapshots=snapshots)
+    crds = [*packaged_crds(snapshots=snapshots), *_read_crds(PEERING_CRDS)]
     for crd in crds:
         if crd["metadata"]["name"] != SANDBOX_CRD:
             continue
@@ -174,9 +223,14 @@ async def run_dev_up(
     sandbox_storage: str = "v1alpha1",
     fresh: bool = False,
     snapshots: bool = True,
+    operator: bool = True,
+    rbac: Path | None = None,
+    record_requests: Path | None = None,
 ) -> None:
     """Run the stack until SIGTERM/SIGINT; both paths must be absolute; ``snapshots``:
-    serve CSI volume snapshots (see the module). Raises
+    serve CSI volume snapshots (see the module); ``operator`` False: no operator (the
+    user runs their own, e.g. two replicas with ``--peering``); ``rbac``,
+    ``record_requests``: see the module. Raises
     :class:`DevClusterError` for what the user can fix (a state file that cannot be
     restored, a port in use)."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +259,8 @@ async def run_dev_up(
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DRAIN_", "KUBECONFIG"))})
     await asyncio.to_thread(upgrade, env["DRAIN_DATABASE_URL"])
     crds = stack_crds(sandbox_storage, snapshots=snapshots)
-    api = EmbeddedApiServer(port=port, crds=crds, state_file=api_state)
+    access = stack_access(rbac is not None, record_requests)
+    api = EmbeddedApiServer(port=port, crds=crds, state_file=api_state, access=access)
     try:
         await api.start()
     except StateFileError as exc:
@@ -229,6 +284,12 @@ async def run_dev_up(
             for name in await asyncio.to_thread(withdraw_snapshot_crds):
                 log.warning("crd_removed name=%s reason=--no-snapshots (its objects with it)",
                             name)  # fmt: skip
+        if rbac is not None:
+            await asyncio.to_thread(apply_manifests, rbac)
+        operator_env = env
+        if access is not None:
+            own = write_kubeconfig(state_dir / OPERATOR_KUBECONFIG, api.url, token=OPERATOR_TOKEN)
+            operator_env = {**env, "KUBECONFIG": str(own)}
         write_kubeconfig(kubeconfig, api.url)
         cli = [sys.executable, "-m", "orchestrator.cli"]
         served = {"operator": broker.free_port(), "worker": broker.free_port()}
@@ -236,10 +297,11 @@ async def run_dev_up(
             "orchestrator worker", [*cli, "worker", "--metrics-port", str(served["worker"])],
             env, logs / "worker.log",
         )  # fmt: skip
-        operator_env = {**env, "DRAIN_METRICS_PORT": str(served["operator"])}
-        operator = KeptProcess(
-            "operator", [*cli, "operator", "--manage-sandbox"], operator_env, logs / "operator.log"
-        )
+        operator_env = {**operator_env, "DRAIN_METRICS_PORT": str(served["operator"])}
+        operator_process = KeptProcess(
+            "operator", [*cli, "operator", "--manage-sandbox"], operator_env,
+            logs / "operator.log",
+        )  # fmt: skip
         controller = SandboxController(state_dir / SANDBOXES_DIR, env=env)
         metrics_port = served["audit"] = broker.free_port()
         urls = {what: f"http://{broker.HOST}:{port}/metrics" for what, port in served.items()}
@@ -252,7 +314,8 @@ async def run_dev_up(
             env, logs / "audit.log",
         )  # fmt: skip
         worker.start()
-        operator.start()
+        if operator:
+            operator_process.start()
         auditor.start()
         controller_task = asyncio.get_running_loop().create_task(controller.run())
         stop = asyncio.Event()
@@ -285,8 +348,9 @@ async def run_dev_up(
         finally:
             log.info("dev_stack_stopping")
             auditor.request_stop()
-            operator.request_stop()
-            await operator.wait_stopped(within=30)
+            if operator:
+                operator_process.request_stop()
+                await operator_process.wait_stopped(within=30)
             await auditor.wait_stopped(within=30)
             controller.stopping.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):

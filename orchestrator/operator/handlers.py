@@ -43,7 +43,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import TERMINAL_STATES
-from orchestrator.operator import crd, kube, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator.lifecycle import (
     AgentCounts,
     Availability,
@@ -70,6 +70,7 @@ from orchestrator.operator.lifecycle import (
     operation_key,
     parse_spec,
     parse_time,
+    readiness,
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
@@ -83,6 +84,7 @@ from orchestrator.pipeline import start as pipeline
 from orchestrator.pipeline.app import app, daemon_queue
 from orchestrator.pipeline.tasks import get_ledger
 from orchestrator.settings import Settings, get_settings
+from worker_agent.logformat import bind_log_context, set_log_context
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +176,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Only with --peering (standalone otherwise): see ``operator.peering``.
     settings.peering.lifetime = get_settings().peering_lifetime_secs
     kube.load_credentials()
+    drain = get_settings()
+    # A missing RBAC permission stops the operator here, named, instead of kopf retrying
+    # a forbidden watch forever (``permissions``; drainctl operator exits with the line).
+    permissions.check_startup(
+        permissions.needs_of(manage_sandbox=drain.manage_sandbox, snapshots=drain.snapshots,
+                             peering=drain.peering is not None),
+        broker_secret=drain.daemon_broker_secret,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------- reconcile
@@ -198,7 +208,12 @@ class Reconciler:
         self.namespace = str(self.meta.namespace)
         self.name = str(self.meta.name)
         self.uid = str(self.meta.uid)
+        # Every record of this pass (ours, kopf's, the ledger's in its threads) names
+        # the task; an operation id is bound once the pass knows it.
+        set_log_context(namespace=self.namespace, name=self.name, task_uid=self.uid)
         self.now = _now()
+        self.counts: AgentCounts | None = None
+        """The daemon's latest heartbeat as this pass read it, for ``Ready``."""
 
     # -- status writing
 
@@ -213,7 +228,7 @@ class Reconciler:
             self.set_status(phase=phase.value, phaseSince=_iso(self.now))
         self.set_status(message=message)
 
-    def set_condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
+    def set_condition(self, type_: str, ok: bool | None, reason: str, message: str) -> None:
         new = condition(type_, ok, reason, message, self.now, self.meta.get("generation"))
         merged = merge_conditions(list(self.status.get("conditions") or []), new)
         self.set_status(conditions=merged)
@@ -223,6 +238,13 @@ class Reconciler:
 
     def record_operation(self, op: OperationView) -> None:
         self.set_status(lastOperation=_operation_status(op))
+        bind_log_context(operation_id=op.id)
+
+    def set_ready(self) -> None:
+        """``Ready`` from where the pass left the task (its phase, the heartbeat read)."""
+        phase = self.status.get("phase")
+        why = None if phase == Phase.RUNNING else self.status.get("message")
+        self.apply_condition(readiness(phase, self.counts, why))
 
     # -- names
 
@@ -246,6 +268,10 @@ class Reconciler:
     # -- the pass
 
     async def run(self) -> None:
+        await self.advance()
+        self.set_ready()
+
+    async def advance(self) -> None:
         try:
             spec = parse_spec(dict(self.body.spec or {}))
         except SpecError as exc:
@@ -730,7 +756,7 @@ class Reconciler:
             return  # a heartbeat from before the resume finished: wait for the next one
         reported = None
         if activity is not None:
-            reported = _counts(activity)
+            reported = self.counts = _counts(activity)
         step = launch_step(self.status.get("phase"), reported)
         # Without a heartbeat launch_step answers WAIT: both branches below have one.
         if step is LaunchStep.RUNNING:
@@ -766,7 +792,7 @@ class Reconciler:
             await self.start_pause(spec, "manual")
             return
         activity = await self.latest_activity()
-        counts = None if activity is None else _counts(activity)
+        counts = self.counts = None if activity is None else _counts(activity)
         decision = availability(
             counts, self.heartbeat_age(activity), self.settings.heartbeat_interval_secs,
             self.recovery_history(), self.now,
@@ -963,7 +989,12 @@ class Reconciler:
 # race it, as kopf runs timers beside them.
 @kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=get_settings().reconcile_interval_secs)
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    await Reconciler(body, patch, get_ledger(), get_settings()).run()
+    with permissions.forbidden_reported(_warn_forbidden(body)):
+        await Reconciler(body, patch, get_ledger(), get_settings()).run()
+
+
+def _warn_forbidden(body: kopf.Body) -> Callable[[str], None]:
+    return lambda line: kopf.warn(body, reason="Forbidden", message=line)
 
 
 # ------------------------------------------------------------------ drain finalizer
@@ -971,6 +1002,11 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 
 @kopf.on.delete(crd.GROUP, crd.VERSION, crd.PLURAL, backoff=1.0)
 async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    with permissions.forbidden_reported(_warn_forbidden(body)):
+        await _drain_on_delete(body, patch)
+
+
+async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
     r = Reconciler(body, patch, get_ledger(), get_settings())
     try:
         spec: TaskSpec | None = parse_spec(dict(body.spec or {}))
@@ -1013,6 +1049,7 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             if r.settings.manage_sandbox:  # gone with the task (it owns the guard)
                 await kube.guard_against_eviction(r.namespace, r.name, r.owner(), True)
             r.set_phase(Phase.DRAINING, "deleting: draining agents before the pod goes")
+            r.set_ready()
             # Written now rather than when the handler returns, so kubectl shows
             # Draining while the handler follows the drain.
             await kube.patch_task_status(r.namespace, r.name, dict(r.patch.status))

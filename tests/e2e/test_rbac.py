@@ -1,0 +1,274 @@
+"""The operator's RBAC, proved against the code: ``deploy/base/rbac.yaml`` as kustomize
+renders it grants every call the operator makes, and nothing it does not make.
+
+The calls come from a recorded run, never from a copy of the Role: ``drainctl demo``'s
+whole story (provision with ``--manage-sandbox``, run, idle pause with a snapshot, wake,
+delete with a drain, restore from the checkpoint) on a dev stack started with
+``--rbac`` (the embedded API authorizes by the rendered RBAC objects, the operator runs
+as its ServiceAccount) and ``--record-requests`` (every request's user, verb, group and
+resource, as Kubernetes names them). The second half starts a real ``drainctl operator``
+against the embedded API with authorization on and a ClusterRole missing one verb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from orchestrator.demo.story import Story
+from orchestrator.devcluster import authz
+from orchestrator.devcluster.apiserver import EmbeddedApiServer
+from orchestrator.devcluster.kubeconfig import DEV_TOKEN, write_kubeconfig
+from orchestrator.devcluster.up import (
+    ADMIN_USER,
+    OPERATOR_TOKEN,
+    OPERATOR_USER,
+    apply_manifests,
+    packaged_crds,
+)
+from orchestrator.operator import permissions
+from worker_agent.testing import DRAINCTL
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+Call = tuple[str, str, str]  # (group, resource[/subresource], verb)
+
+
+def rendered_rbac() -> list[dict[str, Any]]:
+    """The RBAC objects of ``kubectl kustomize deploy/base``: what a cluster gets."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "deploy" / "base")],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    return [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in kinds]
+
+
+def operator_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (role,) = [
+        o for o in objects
+        if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "caliban-drain-operator"
+    ]  # fmt: skip
+    return role
+
+
+def granted(rules: list[dict[str, Any]], call: Call) -> bool:
+    group, path, verb = call
+    resource, _, subresource = path.partition("/")
+    attrs = authz.Attributes(verb, group, resource, subresource)
+    return any(authz.rule_allows(rule, attrs) for rule in rules)
+
+
+def rbac_problems(rules: list[dict[str, Any]], calls: set[Call]) -> list[str]:
+    """What is wrong with ``rules`` against the recorded ``calls``: a call not granted, a
+    wildcard, a granted (group, resource, verb) that is neither called nor justified in
+    ``permissions.UNREACHED``."""
+    problems = [f"not granted: {c}" for c in sorted(calls) if not granted(rules, c)]
+    for rule in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+            if any("*" in value for value in rule.get(key, [])):
+                problems.append(f"wildcard in {key}: {rule}")
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    use = (group, resource, verb)
+                    if use not in calls and use not in permissions.UNREACHED:
+                        problems.append(f"granted but never used: {use}")
+    return problems
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    rules: list[dict[str, Any]]
+    calls: set[Call]
+    refused: list[authz.RecordedRequest]
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
+    """The demo's story on a dev stack authorizing by the rendered RBAC, recorded."""
+    root = tmp_path_factory.mktemp("rbac-run")
+    objects = rendered_rbac()
+    rbac_file = root / "rbac.yaml"
+    rbac_file.write_text(yaml.safe_dump_all(objects))
+    record = root / "requests.jsonl"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    story = Story(root, 2, port, None, "--rbac", str(rbac_file), "--record-requests", str(record))
+    try:
+        story.run()
+    finally:
+        story.stop()
+    assert story.lost_turns() == 0
+    mine = [r for r in authz.read_record(record) if r.user == OPERATOR_USER.name]
+    review = (authz.AUTHORIZATION_GROUP, "selfsubjectaccessreviews", "create")
+    calls = {
+        (r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource, r.verb)
+        for r in mine
+    } - {review}  # every user may ask (system:basic-user); not the operator's to grant
+    return RecordedRun(operator_role(objects)["rules"], calls, [r for r in mine if not r.allowed])
+
+
+@pytest.mark.slow
+def test_the_whole_story_runs_under_the_rendered_rbac_without_one_refusal(
+    recorded_run: RecordedRun,
+) -> None:
+    assert recorded_run.calls, "the operator's calls were not recorded"
+    assert recorded_run.refused == []
+
+
+@pytest.mark.slow
+def test_every_call_the_operator_made_is_granted_and_every_grant_is_used_or_justified(
+    recorded_run: RecordedRun,
+) -> None:
+    assert rbac_problems(recorded_run.rules, recorded_run.calls) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}, "wildcard in verbs"),
+        ({"apiGroups": [""], "resources": ["*"], "verbs": ["get"]}, "wildcard in resources"),
+        ({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+         "granted but never used: ('', 'configmaps', 'get')"),
+        ({"apiGroups": ["caliban.caliban-ai.dev"], "resources": ["calibantasks"],
+          "verbs": ["delete"]},
+         "granted but never used: ('caliban.caliban-ai.dev', 'calibantasks', 'delete')"),
+    ],
+    ids=["verb-star", "resource-star", "unused-resource", "unused-verb"],
+)  # fmt: skip
+def test_a_role_edited_to_grant_a_wildcard_or_an_unused_rule_fails_the_check(
+    recorded_run: RecordedRun, edit: dict[str, Any], problem: str
+) -> None:
+    """Tried: the rendered ClusterRole edited to grant ``*`` (verb or resource) or a rule
+    the code never uses; the check must name it."""
+    rules = [*copy.deepcopy(recorded_run.rules), edit]
+    assert any(problem in found for found in rbac_problems(rules, recorded_run.calls))
+
+
+def test_the_cluster_role_holds_exactly_the_rules_of_permissions_py() -> None:
+    role = operator_role(rendered_rbac())
+    assert role["rules"] == [p.rule() for p in permissions.PERMISSIONS]
+
+
+def test_the_worker_and_flower_have_no_token_and_no_binding() -> None:
+    objects = rendered_rbac()
+    accounts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceAccount"}
+    assert set(accounts) == {
+        "caliban-drain-operator", "caliban-drain-worker", "caliban-drain-flower",
+    }  # fmt: skip
+    for name in ("caliban-drain-worker", "caliban-drain-flower"):
+        assert accounts[name]["automountServiceAccountToken"] is False
+    subjects = [s["name"] for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]]
+    assert subjects == ["caliban-drain-operator"]
+
+
+# ------------------------------------------------------------ a ClusterRole missing a verb
+
+
+class ApiThread:
+    """The embedded API with RBAC on, on its own event-loop thread."""
+
+    def __init__(self, record: Path) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rbac-api")
+        self._thread.start()
+        access = authz.AccessControl(
+            {DEV_TOKEN: ADMIN_USER, OPERATOR_TOKEN: OPERATOR_USER},
+            authorize=True, record_requests=record,
+        )  # fmt: skip
+        self.server = EmbeddedApiServer(crds=packaged_crds(), access=access)
+        self._run(self.server.start())
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def close(self) -> None:
+        self._run(self.server.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+
+@pytest.fixture
+def rbac_api(tmp_path: Path) -> Iterator[ApiThread]:
+    api = ApiThread(tmp_path / "requests.jsonl")
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def without_verb(objects: list[dict[str, Any]], resource: str, verb: str) -> list[dict[str, Any]]:
+    edited = copy.deepcopy(objects)
+    for rule in operator_role(edited)["rules"]:
+        if rule["resources"] == [resource]:
+            rule["verbs"].remove(verb)
+    return edited
+
+
+def run_operator(
+    root: Path, api_url: str, env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    kubeconfig = write_kubeconfig(root / "operator.kubeconfig", api_url, token=OPERATOR_TOKEN)
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("DRAIN_") and k != "KUBECONFIG"
+    }
+    environment.update({
+        "KUBECONFIG": str(kubeconfig),
+        "DRAIN_DATABASE_URL": f"sqlite:///{root / 'ledger.db'}",
+        "DRAIN_BROKER_URL": "redis://127.0.0.1:9/0",  # never reached: it stops before
+        "DRAIN_METRICS_PORT": "0",
+        **env,
+    })  # fmt: skip
+    return subprocess.run(
+        [*DRAINCTL, "operator", "--manage-sandbox"],
+        capture_output=True, text=True, env=environment, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("resource", "verb", "named"),
+    [
+        ("calibantasks/status", "patch",
+         "patch calibantasks/status (caliban.caliban-ai.dev) cluster-wide"),
+        ("persistentvolumeclaims", "create", "create persistentvolumeclaims (core) cluster-wide"),
+    ],
+    ids=["status-patch", "pvc-create"],
+)  # fmt: skip
+def test_an_operator_whose_cluster_role_misses_a_verb_exits_naming_it(
+    rbac_api: ApiThread, tmp_path: Path, resource: str, verb: str, named: str
+) -> None:
+    """Tried: the rendered ClusterRole with one verb removed; the real operator process,
+    authorization on, stops at startup with one line naming the permission."""
+    config.load_kube_config_from_dict(
+        yaml.safe_load(write_kubeconfig(tmp_path / "admin", rbac_api.server.url).read_text())
+    )
+    rbac = tmp_path / "rbac.yaml"
+    rbac.write_text(yaml.safe_dump_all(without_verb(rendered_rbac(), resource, verb)))
+    apply_manifests(rbac)
+    result = run_operator(tmp_path, rbac_api.server.url, {})
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        f"Error: the operator lacks RBAC permission: {named}; see deploy/base/rbac.yaml"
+    ]
+    client.ApiClient().close()
