@@ -32,6 +32,7 @@ from worker_agent.testing import (
 __all__ = [
     "DaemonProcess",
     "DevStackProcess",
+    "OperatorProcess",
     "ServerUnavailable",
     "WaitTimeout",
     "WorkerProcess",
@@ -110,6 +111,48 @@ class WorkerProcess(Subprocess):
     def ready(self) -> bool:
         self.check_alive(self.what)
         return bool(_READY.search(self.log_text()))
+
+
+class OperatorProcess(Subprocess):
+    """``drainctl operator --manage-sandbox`` serving kopf's liveness probe on
+    ``127.0.0.1:liveness_port/healthz``, ready once the probe answers 200 (kopf serves it
+    after its startup handlers, an active replica or a paused standby alike). With
+    ``peering``, one of several replicas; ``identity`` is its key in the peering object's
+    status (kopf takes it from ``POD_ID``, as in a pod)."""
+
+    def __init__(
+        self,
+        log: Path,
+        env: Mapping[str, str],
+        *,
+        liveness_port: int,
+        peering: str | None = None,
+        identity: str | None = None,
+    ) -> None:
+        self.liveness_url = f"http://127.0.0.1:{liveness_port}/healthz"
+        self.identity = identity
+        argv = [*DRAINCTL, "operator", "--manage-sandbox", "--liveness", self.liveness_url]
+        if peering is not None:
+            argv += ["--peering", peering]
+        extra = {"POD_ID": identity} if identity is not None else {}
+        super().__init__(argv, log, child_env({**env, **extra}))
+
+    what = "drainctl operator (until its liveness probe answers)"
+    ready_timeout = 60.0
+
+    def ready(self) -> bool:
+        self.check_alive(self.what)
+        return self.liveness_status() == 200
+
+    def liveness_status(self) -> int | None:
+        """The HTTP status of GET on the liveness URL; None when nothing answers."""
+        try:
+            with urllib.request.urlopen(self.liveness_url, timeout=5) as response:  # noqa: S310
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return None
 
 
 class DevStackProcess(Subprocess):

@@ -238,6 +238,12 @@ def decide_delete(
         spec.drain_timeout_secs
     ):
         return DeleteAction.FORCE
+    if op_state is OperationState.PENDING:
+        # Begun in the ledger but never sent: the operator that began it died between the
+        # ledger and the broker (a replica killed, a failover). Starting it again with the
+        # same key sends that operation's messages; the daemon answers a second copy from
+        # its journal and the record is per operation, so one checkpoint either way.
+        return DeleteAction.START_DRAIN
     return DeleteAction.WAIT
 
 
@@ -511,10 +517,11 @@ def launch_step(phase: str | None, reported: AgentCounts | None) -> LaunchStep:
 
 @dataclass(frozen=True)
 class ConditionChange:
-    """A condition to set: ``type`` to ``status`` for ``reason``, explained by ``message``."""
+    """A condition to set: ``type`` to ``status`` for ``reason``, explained by ``message``;
+    ``status`` None is ``Unknown``."""
 
     type: str
-    status: bool
+    status: bool | None
     reason: str
     message: str
 
@@ -679,15 +686,65 @@ def availability(
     )
 
 
+# ----------------------------------------------------------------------------- Ready
+
+READY: Final = "Ready"
+"""The condition ``kubectl wait --for=condition=Ready ctask/NAME`` waits for."""
+
+_NOT_READY_IN: Final[dict[str | None, tuple[str, str]]] = {
+    None: ("Pending", "not provisioned yet"),
+    Phase.PENDING: ("Pending", "not provisioned yet"),
+    Phase.PROVISIONING: ("Provisioning", "waiting for the daemon to report its agents live"),
+    Phase.RESUMING: ("Resuming", "waiting for the daemon to bring its agents back"),
+    Phase.DRAINING: ("Draining", "draining agents to a checkpoint"),
+    Phase.SUSPENDED: ("Paused", "paused: agents drained to a checkpoint, the Sandbox suspended"),
+    Phase.COMPLETED: ("Completed", "the task has completed"),
+    Phase.FAILED: ("Failed", "the task failed"),
+}
+"""Every phase but Running: why the task is not Ready, and what that means."""
+
+
+def readiness(
+    phase: str | None, counts: AgentCounts | None, why: str | None = None
+) -> ConditionChange:
+    """The ``Ready`` condition: True exactly when the task is Running and every one of
+    its agents is live by the daemon's latest heartbeat.
+
+    ``counts`` is that heartbeat as this pass read it (None: none read); ``why`` is the
+    status message, added to the message of a phase that is not Running. A Running task
+    whose heartbeat was not read this pass (it has just come back from a pause that
+    failed) is ``Unknown`` until the next pass reads one, never True on trust."""
+    if phase != Phase.RUNNING:
+        reason, meaning = _NOT_READY_IN.get(phase, ("Pending", f"phase {phase}"))
+        return ConditionChange(READY, False, reason, f"{meaning}: {why}" if why else meaning)
+    if counts is None:
+        return ConditionChange(
+            READY, None, "AgentsUnknown", "Running; no heartbeat from the daemon read yet"
+        )
+    if not counts.total:
+        return ConditionChange(READY, False, "NoAgents", "Running, but the daemon runs no agents")
+    phrase = _agents_phrase(counts)
+    if counts.live == counts.total:
+        return ConditionChange(READY, True, "AgentsLive", f"Running; {phrase}")
+    reason = "AgentsNotLive" if counts.interrupted else "AgentsFinished"
+    return ConditionChange(READY, False, reason, f"Running, but not every agent is live: {phrase}")
+
+
 # ---------------------------------------------------------------------------- status
 
 
 def condition(
-    type_: str, status: bool, reason: str, message: str, now: datetime, generation: int | None
+    type_: str,
+    status: bool | None,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
 ) -> dict[str, Any]:
+    """A ``metav1.Condition``; ``status`` None is ``Unknown``."""
     return {
         "type": type_,
-        "status": "True" if status else "False",
+        "status": "Unknown" if status is None else "True" if status else "False",
         "reason": reason,
         "message": message,
         "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),

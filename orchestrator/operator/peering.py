@@ -42,4 +42,3 @@ def own_priority(configured: int | None) -> int:
     if configured is not None:
         return configured
     return startup_priority(time.time(), random.randrange(TIEBREAK_RANGE))
-

@@ -50,6 +50,7 @@ from orchestrator.operator.lifecycle import (
     operation_key,
     parse_duration,
     parse_spec,
+    readiness,
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
@@ -138,19 +139,21 @@ DRAIN_STATES = [
 ]
 # Each row: what the finalizer does in that phase, by the state of the deletion's drain.
 # The first two columns are the drain not begun, without and with a status.checkpointRef
-# (a paused task's); the ref changes nothing once the drain has begun.
+# (a paused task's); the ref changes nothing once the drain has begun. A pending drain
+# was begun in the ledger and never sent (its operator died in between): it is started
+# again under its key.
 #                        not begun    pending draining drained recorded forced failed
 #                        -     ref
 CHECKPOINT_WITHIN_TIMEOUT = {  # onDelete: checkpoint, drain begun < drainTimeout ago
-    None:               (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.PENDING:      (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.PROVISIONING: (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.RUNNING:      (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.DRAINING:     (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.SUSPENDED:    (START, KEEP, WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.RESUMING:     (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.COMPLETED:    (START, START, WAIT,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.FAILED:       (REL,   REL,  WAIT,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    None:               (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.PENDING:      (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.PROVISIONING: (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.RUNNING:      (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.DRAINING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.SUSPENDED:    (START, KEEP, START,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.RESUMING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.COMPLETED:    (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.FAILED:       (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
 }  # fmt: skip
 CHECKPOINT_PAST_TIMEOUT = {  # onDelete: checkpoint, drain begun >= drainTimeout ago
     None:               (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
@@ -753,3 +756,96 @@ def test_a_volume_snapshot_says_whether_its_copy_is_ready(
 def test_a_snapshot_times_out_only_past_its_timeout() -> None:
     assert not snapshot_timed_out(NOW, NOW + timedelta(seconds=300), 300)
     assert snapshot_timed_out(NOW, NOW + timedelta(seconds=300.5), 300)
+
+
+# ----------------------------------------------------------------------------- Ready
+
+
+@pytest.mark.parametrize(
+    ("phase", "counts", "why", "ready"),
+    [
+        pytest.param("Running", AgentCounts(total=3, live=3), None,
+                     ConditionChange("Ready", True, "AgentsLive", "Running; 3 of 3 agents live"),
+                     id="running-every-agent-live"),
+        pytest.param("Running", AgentCounts(total=3, live=2, interrupted=1), None,
+                     ConditionChange("Ready", False, "AgentsNotLive",
+                                     "Running, but not every agent is live: 2 of 3 agents live, "
+                                     "1 interrupted"),
+                     id="running-one-interrupted"),
+        pytest.param("Running", AgentCounts(total=2, live=0, interrupted=2), None,
+                     ConditionChange("Ready", False, "AgentsNotLive",
+                                     "Running, but not every agent is live: 0 of 2 agents live, "
+                                     "2 interrupted"),
+                     id="running-daemon-restarted"),
+        pytest.param("Running", AgentCounts(total=2, live=1), None,
+                     ConditionChange("Ready", False, "AgentsFinished",
+                                     "Running, but not every agent is live: 1 of 2 agents live, "
+                                     "1 stopped on purpose or finished"),
+                     id="running-one-finished"),
+        pytest.param("Running", AgentCounts(total=0, live=0), None,
+                     ConditionChange("Ready", False, "NoAgents",
+                                     "Running, but the daemon runs no agents"),
+                     id="running-no-agents"),
+        pytest.param("Running", None, "pause abandoned",
+                     ConditionChange("Ready", None, "AgentsUnknown",
+                                     "Running; no heartbeat from the daemon read yet"),
+                     id="running-no-heartbeat-read-is-unknown"),
+        pytest.param(None, None, None,
+                     ConditionChange("Ready", False, "Pending", "not provisioned yet"),
+                     id="new"),
+        pytest.param("Pending", None, "waiting for pod x",
+                     ConditionChange("Ready", False, "Pending",
+                                     "not provisioned yet: waiting for pod x"),
+                     id="pending"),
+        pytest.param("Provisioning", AgentCounts(total=2, live=2), "waiting for the daemon",
+                     ConditionChange("Ready", False, "Provisioning",
+                                     "waiting for the daemon to report its agents live: waiting "
+                                     "for the daemon"),
+                     id="provisioning-even-with-live-counts"),
+        pytest.param("Resuming", None, None,
+                     ConditionChange("Ready", False, "Resuming",
+                                     "waiting for the daemon to bring its agents back"),
+                     id="resuming"),
+        pytest.param("Draining", AgentCounts(total=2, live=2), None,
+                     ConditionChange("Ready", False, "Draining",
+                                     "draining agents to a checkpoint"),
+                     id="draining-even-with-live-counts"),
+        pytest.param("Suspended", None, "suspended with checkpoint ck-1",
+                     ConditionChange("Ready", False, "Paused",
+                                     "paused: agents drained to a checkpoint, the Sandbox "
+                                     "suspended: suspended with checkpoint ck-1"),
+                     id="suspended-is-paused"),
+        pytest.param("Completed", None, None,
+                     ConditionChange("Ready", False, "Completed", "the task has completed"),
+                     id="completed"),
+        pytest.param("Failed", None, "unknown checkpoint ref 'nope'",
+                     ConditionChange("Ready", False, "Failed",
+                                     "the task failed: unknown checkpoint ref 'nope'"),
+                     id="failed"),
+    ],
+)  # fmt: skip
+def test_a_task_is_ready_only_when_running_with_every_agent_live(
+    phase: str | None, counts: AgentCounts | None, why: str | None, ready: ConditionChange
+) -> None:
+    assert readiness(phase, counts, why) == ready
+
+
+@pytest.mark.parametrize(
+    ("status", "written"),
+    [pytest.param(True, "True", id="true"), pytest.param(False, "False", id="false"),
+     pytest.param(None, "Unknown", id="unknown")],
+)  # fmt: skip
+def test_a_condition_status_is_true_false_or_unknown(status: bool | None, written: str) -> None:
+    assert condition("Ready", status, "AgentsLive", "m", NOW, 4) == {
+        "type": "Ready", "status": written, "reason": "AgentsLive", "message": "m",
+        "lastTransitionTime": "2026-12-03T12:00:00Z", "observedGeneration": 4,
+    }  # fmt: skip
+
+
+def test_ready_keeps_its_transition_time_while_its_status_holds() -> None:
+    live = condition("Ready", True, "AgentsLive", "2 of 2", NOW, 1)
+    later = condition("Ready", True, "AgentsLive", "3 of 3", NOW + timedelta(minutes=5), 2)
+    kept = merge_conditions([live], later)
+    assert kept == [{**later, "lastTransitionTime": "2026-12-03T12:00:00Z"}]
+    paused = condition("Ready", False, "Paused", "paused", NOW + timedelta(minutes=9), 3)
+    assert merge_conditions(kept, paused) == [paused]
