@@ -77,7 +77,8 @@ class Permission:
 PERMISSIONS: Final = (
     Permission(crd.GROUP, crd.PLURAL, ("get", "list", "watch", "patch"),
                "kopf watches CalibanTasks (list, watch) and patches their finalizer and "
-               "progress annotations; kube.get_task, kube.list_tasks (get, list)"),
+               "progress annotations (patch); Reconciler.holder_of reads the task that owns "
+               "a workspace PVC (kube.get_task)"),
     Permission(crd.GROUP, f"{crd.PLURAL}/status", ("patch",),
                "kopf's status patches of every handler; kube.patch_task_status"),
     Permission("", "events", ("create",),
@@ -87,45 +88,49 @@ PERMISSIONS: Final = (
                "kube.snapshots_served read the Sandbox and VolumeSnapshot CRDs (get)"),
     Permission(crd.SANDBOX_GROUP, crd.SANDBOX_PLURAL, ("get", "create", "patch"),
                "kube.create_sandbox, kube.get_sandbox, kube.patch_sandbox (suspend, resume); "
-               "both v1alpha1 and v1beta1 (RBAC does not tell versions apart)",
+               "v1alpha1 or v1beta1 (RBAC does not tell versions apart)",
                Need.MANAGE_SANDBOX),
-    Permission("", "persistentvolumeclaims", ("get", "create", "patch", "delete"),
+    Permission("", "persistentvolumeclaims", ("get", "create", "patch"),
                "kube.get_pvc, kube.ensure_pvc (create, patch), kube.retain_pvc and "
-               "kube.claim_pvc (patch ownerReferences), kube.delete_pvc",
-               Need.MANAGE_SANDBOX),
+               "kube.claim_pvc (patch ownerReferences); a released PVC goes by garbage "
+               "collection, never by the operator's delete", Need.MANAGE_SANDBOX),
     Permission("", "pods", ("list",),
-               "kube.pods_mounting: which pods still mount a workspace PVC",
-               Need.MANAGE_SANDBOX),
+               "kube.pods_mounting (Reconciler.last_pod_on): no second daemon on a workspace "
+               "PVC a pod still mounts", Need.MANAGE_SANDBOX),
     Permission("policy", "poddisruptionbudgets", ("create", "delete"),
                "kube.guard_against_eviction: the drain guard PDB while a drain runs",
                Need.MANAGE_SANDBOX),
     Permission("", "secrets", ("create",),
-               f"the daemon broker Secret {BROKER_SECRET} created in a task's namespace "
-               "(create cannot be limited to a name)",
-               Need.MANAGE_SANDBOX),
+               "kube.ensure_broker_secret: the daemon broker Secret created in a task's "
+               "namespace (a create cannot be limited to a name)", Need.MANAGE_SANDBOX),
     Permission("", "secrets", ("get", "patch"),
-               f"the daemon broker Secret {BROKER_SECRET} read and kept up to date",
-               Need.MANAGE_SANDBOX, resource_names=(BROKER_SECRET,)),
-    Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_PLURAL, ("get", "create", "delete"),
-               "kube.create_snapshot, kube.get_snapshot, kube.delete_snapshot: the "
-               "workspace snapshot of each checkpoint", Need.SNAPSHOTS),
+               f"kube.ensure_broker_secret: the daemon broker Secret {BROKER_SECRET} read and "
+               "kept up to date, by name only", Need.MANAGE_SANDBOX,
+               resource_names=(BROKER_SECRET,)),
+    Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_PLURAL, ("get", "create"),
+               "kube.create_snapshot, kube.get_snapshot: the workspace snapshot of each "
+               "checkpoint (drainctl ledger prune deletes them, not the operator)",
+               Need.SNAPSHOTS),
     Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_CLASS_PLURAL, ("list",),
                "kube.snapshot_classes: the class for the PVC's CSI driver", Need.SNAPSHOTS),
     Permission("storage.k8s.io", "storageclasses", ("get", "list"),
                "kube.storage_driver: the CSI driver of the PVC's StorageClass (get by name, "
                "list for the default one)", Need.SNAPSHOTS),
-    Permission("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"),
-               "kopf peering (--peering, clusterwide): watch the peers, patch the keep-alive",
-               Need.PEERING),
-    Permission("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"),
-               "kopf peering (--peering --namespace): the namespaced peering object",
-               Need.PEERING),
+    Permission("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"),
+               "kopf peering (--peering, clusterwide as deployed): watch the peers, patch "
+               "this replica's keep-alive", Need.PEERING),
 )  # fmt: skip
 
 UNREACHED: Final[Mapping[tuple[str, str, str], str]] = {
-    # (group, resource, verb) → the code path the recorded run of tests/e2e/test_rbac.py
-    # does not reach, and why the rule is still needed.
-}
+    (crd.GROUP, crd.PLURAL, "get"):
+        "Reconciler.holder_of → kube.get_task: restoring a checkpoint without a snapshot "
+        "whose workspace PVC another task still owns (the recorded run has snapshots)",
+    ("", "secrets", "patch"):
+        "kube.ensure_broker_secret: the Secret holds another broker URL (the operator's "
+        "daemon broker URL changed since it was written)",
+    ("storage.k8s.io", "storageclasses", "get"):
+        "kube.storage_driver: a PVC that names its StorageClass (the dev stack's name none)",
+}  # fmt: skip
 """Granted verbs a recorded lifecycle run does not make, each with the code that does."""
 
 
