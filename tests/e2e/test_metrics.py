@@ -8,49 +8,20 @@ from __future__ import annotations
 
 import json
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR
 from orchestrator.devcluster.up import METRICS_FILE, SANDBOXES_DIR
 from tests.e2e.support import DevStack, task_manifest
+from tests.probe_support import Samples, fetch, scrape, value
 from tests.support import wait_until
 from worker_agent.contract import DAEMON_RESUME, RECORD_CHECKPOINT
 
 pytestmark = pytest.mark.slow
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # 127.0.0.1 only
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def scrape(url: str) -> Samples:
-    status, text = get(url)
-    assert status == 200, f"{url} answered {status}"
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample ``name{labels}``; 0 when absent (a labelled series not yet touched)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def moved(after: Samples, before: Samples, name: str, **labels: str) -> float:
@@ -89,13 +60,13 @@ def urls(stack: DevStack) -> dict[str, str]:
 
 
 def answering(url: str) -> Callable[[], bool]:
-    return lambda: get(url)[0] == 200
+    return lambda: fetch(url)[0] == 200
 
 
 def daemon_url(stack: DevStack, name: str) -> str:
     path = stack.state / SANDBOXES_DIR / DAEMON_METRICS_DIR / f"default.{name}"
     url = str(wait_until(lambda: path.exists() and path.read_text().strip(), 60, str(path)))
-    wait_until(lambda: get(base(url) + "/readyz")[0] == 200, 60, f"{url} ready")
+    wait_until(lambda: fetch(base(url) + "/readyz")[0] == 200, 60, f"{url} ready")
     return url
 
 
@@ -104,15 +75,15 @@ def test_a_drain_and_a_restore_move_each_counter_by_exactly_what_they_did(
 ) -> None:
     served = urls(stack)
     worker_url, operator_url = served["worker"], served["operator"]
-    assert get(base(worker_url) + "/healthz")[0] == 200
-    wait_until(lambda: get(base(worker_url) + "/readyz")[0] == 200, 30, "the worker ready")
+    assert fetch(base(worker_url) + "/healthz")[0] == 200
+    wait_until(lambda: fetch(base(worker_url) + "/readyz")[0] == 200, 30, "the worker ready")
 
     assert stack.apply(task_manifest("metered", agents=2)).returncode == 0
     stack.wait_phase("default", "metered", "Running")
     pvc = stack.pvc_of("metered")
     stack.wait_turns(pvc, 2, 2)
     daemon = daemon_url(stack, "metered")
-    assert get(base(daemon) + "/healthz")[0] == 200
+    assert fetch(base(daemon) + "/healthz")[0] == 200
     before_drain = scrape(daemon)
     assert value(before_drain, "caliban_drain_agents_live") == 2
     assert value(before_drain, "caliban_drain_lost_turns_total") == 0

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import socket
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.devcluster import broker
 from orchestrator.devcluster.apiserver import DevClusterError
+from tests.probe_support import fetch, scrape, value
 from tests.support import DaemonProcess, wait_until
 from worker_agent.testing import Subprocess
 
@@ -24,22 +21,8 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def fetch(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # 127.0.0.1 only
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def agents_live(url: str) -> float:
-    status, text = fetch(url)
-    assert status == 200
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "caliban_drain_agents_live":
-                return float(sample.value)
-    raise AssertionError("no caliban_drain_agents_live in the daemon's metrics")
+    return value(scrape(url), "caliban_drain_agents_live")
 
 
 class EmbeddedBroker(Subprocess):

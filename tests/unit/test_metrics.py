@@ -8,8 +8,6 @@ import json
 import re
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import metrics
 from orchestrator.audit.loud import AuditMetrics
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
 from orchestrator.pipeline.probes import broker_problem, ledger_problem
+from tests.probe_support import fetch, parse
 from worker_agent import metrics as daemon_metrics
 from worker_agent.consumer import resume_outcome
 from worker_agent.contract import CHECKPOINT_MISMATCH, BrokerSettings, make_celery
@@ -287,14 +285,6 @@ def test_a_failed_resume_is_a_resume_duration_not_a_drain_duration(ledger: Ledge
 # ---------------------------------------------------------------------- probe server
 
 
-def fetch(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:  # 127.0.0.1 only
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_the_probe_server_answers_metrics_checks_and_says_why_not_ready() -> None:
     registry = CollectorRegistry()
     checks = {"/healthz": lambda: None, "/readyz": lambda: "the broker is unreachable"}
@@ -306,7 +296,7 @@ def test_the_probe_server_answers_metrics_checks_and_says_why_not_ready() -> Non
         assert fetch(base + "/nothing")[0] == 404
         status, text = fetch(base + "/metrics")
         assert status == 200
-        assert list(text_string_to_metric_families(text)) == []
+        assert parse(text) == {}
     finally:
         server.close()
 
