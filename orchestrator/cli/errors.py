@@ -114,7 +114,7 @@ def _shown_input(value: Any) -> str:
 def _validation_error(exc: Any) -> DrainctlError:
     """A pydantic ``ValidationError`` of a settings model as one line naming each field
     by the environment variable that sets it."""
-    prefixes = {"Settings": "DRAIN_", "DaemonSettings": "DRAIN_DAEMON_"}
+    prefixes = {"Settings": "DRAIN_", "DaemonSettings": "DRAIN_DAEMON_", "LogSettings": "DRAIN_"}
     prefix = prefixes.get(str(getattr(exc, "title", "")), "")
     problems = []
     for error in exc.errors():

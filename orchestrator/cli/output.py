@@ -12,8 +12,6 @@ the JSON is for scripts.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from typing import Any, TypeVar
@@ -77,16 +75,17 @@ def log_level_option(command: F) -> F:
         type=click.Choice(LOG_LEVELS, case_sensitive=False),
         default="INFO",
         show_default=True,
-        help="Log threshold; logs go to stderr as key=value lines.",
+        help="Log threshold; logs go to stderr as key=value lines (DRAIN_LOG_FORMAT=json: JSON).",
     )(command)
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s event=%(message)s",
-    )
+    """The one place a ``drainctl`` process configures logging: stderr, in the format
+    ``DRAIN_LOG_FORMAT`` names (``text``, the default, or ``json``; see
+    ``worker_agent.logformat``). A bad value exits 2 with one line (``errors.py``)."""
+    from worker_agent.logformat import configure
+
+    configure(level)
 
 
 class TaskRef(click.ParamType):  # type: ignore[type-arg]

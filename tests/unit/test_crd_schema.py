@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -169,9 +170,14 @@ def walk(node: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
 def node_at(schema: Schema, json_path: str) -> Schema:
     """The schema node a printer-column JSONPath such as ``.spec.task.agents`` points at."""
     node = schema
-    for part in json_path.strip(".").split("."):
+    # ``conditions[?(@.type=="Ready")]``: a list's filter, so an item of that list.
+    for part in re.sub(r"\[[^]]*\]", "[]", json_path).strip(".").split("."):
+        part, _, listed = part.partition("[")
         assert part in node.get("properties", {}), f"{json_path}: no field {part!r}"
         node = node["properties"][part]
+        if listed:
+            assert node["type"] == "array", f"{json_path}: {part} is not a list"
+            node = node["items"]
     return node
 
 
@@ -246,7 +252,8 @@ def test_status_subresource_is_enabled(crd: dict[str, Any]) -> None:
 def test_printer_columns_point_at_real_fields(crd: dict[str, Any], schema: Schema) -> None:
     columns = {c["name"]: c for c in crd_version(crd, "v1alpha1")["additionalPrinterColumns"]}
     assert {"Phase", "Checkpoint", "Age"} <= set(columns)
-    assert list(columns) == ["Phase", "Agents", "Live", "Checkpoint", "Idle-Since", "Age"]
+    assert list(columns) == ["Phase", "Ready", "Agents", "Live", "Checkpoint", "Idle-Since", "Age"]
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Live"]["jsonPath"] == ".status.agents"  # what the daemon reports now
     assert columns["Phase"]["jsonPath"] == ".status.phase"
     assert columns["Checkpoint"]["jsonPath"] == ".status.checkpointRef"

@@ -838,7 +838,7 @@ def test_a_task_is_ready_only_when_running_with_every_agent_live(
 def test_a_condition_status_is_true_false_or_unknown(status: bool | None, written: str) -> None:
     assert condition("Ready", status, "AgentsLive", "m", NOW, 4) == {
         "type": "Ready", "status": written, "reason": "AgentsLive", "message": "m",
-        "lastTransitionTime": "2026-12-03T12:00:00Z", "observedGeneration": 4,
+        "lastTransitionTime": "2026-12-02T12:00:00Z", "observedGeneration": 4,
     }  # fmt: skip
 
 
@@ -846,6 +846,6 @@ def test_ready_keeps_its_transition_time_while_its_status_holds() -> None:
     live = condition("Ready", True, "AgentsLive", "2 of 2", NOW, 1)
     later = condition("Ready", True, "AgentsLive", "3 of 3", NOW + timedelta(minutes=5), 2)
     kept = merge_conditions([live], later)
-    assert kept == [{**later, "lastTransitionTime": "2026-12-03T12:00:00Z"}]
+    assert kept == [{**later, "lastTransitionTime": "2026-12-02T12:00:00Z"}]
     paused = condition("Ready", False, "Paused", "paused", NOW + timedelta(minutes=9), 3)
     assert merge_conditions(kept, paused) == [paused]
