@@ -7,7 +7,9 @@ turned into Kubernetes' request attributes (:func:`attributes_of`: the verb ``ge
 ``deletecollection``, the API group, the resource, the subresource, the namespace and the
 name), optionally written to a JSON-lines file (``record_requests``: what a test derives
 the operator's RBAC needs from), and, with ``tokens``, authenticated by its bearer token
-(an unknown or missing token is 401) and, with ``authorize``, authorized by the
+(an unknown token is 401, and so is a missing one unless ``anonymous`` names who a
+request without one is: kubectl sends no bearer token over plain http) and, with
+``authorize``, authorized by the
 RBAC objects stored in the API (:func:`allowed`), refused with Kubernetes' own 403
 ``Status`` and message.
 
@@ -324,24 +326,31 @@ class AccessControl:
         *,
         authorize: bool = False,
         record_requests: Path | None = None,
+        anonymous: User | None = None,
     ) -> None:
         if authorize and not tokens:
             raise ValueError("RBAC authorization needs tokens to tell users apart")
         self.tokens = dict(tokens or {})
+        self.anonymous = anonymous
         self.authorize = authorize
         self.record_requests = record_requests
         self._lock = threading.Lock()
 
     def authenticate(self, headers: Mapping[str, str]) -> User:
-        """The user of a request's ``Authorization: Bearer`` header; 401 when unknown."""
+        """The user of a request's ``Authorization: Bearer`` header (401 when unknown),
+        or ``anonymous`` for a request without one (401 when None); then, for a
+        ``system:masters`` user, the user an ``Impersonate-User`` header names
+        (``kubectl --as``)."""
         if not self.tokens:
             return ANONYMOUS
-        value = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        value = _header(headers, "authorization")
         scheme, _, token = value.partition(" ")
         user = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if not value and self.anonymous is not None:
+            user = self.anonymous
         if user is None:
             raise unauthorized()
-        return user
+        return impersonated(user, headers)
 
     def decide(self, policy: Policy, user: User, attrs: Attributes) -> bool:
         return not self.authorize or allowed(policy, user, attrs)
@@ -352,6 +361,27 @@ class AccessControl:
         line = json.dumps(asdict(RecordedRequest(user.name, **asdict(attrs), allowed=allowed_)))
         with self._lock, self.record_requests.open("a", encoding="utf-8") as handle:
             handle.write(line + "\n")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    return next((v for k, v in headers.items() if k.lower() == name), "")
+
+
+def impersonated(user: User, headers: Mapping[str, str]) -> User:
+    """The user ``Impersonate-User`` names (with ``Impersonate-Group``, or a
+    ServiceAccount's own groups), when ``user`` may impersonate: ``system:masters`` only."""
+    name = _header(headers, "impersonate-user")
+    if not name:
+        return user
+    if SUPERUSER_GROUP not in user.groups:
+        attrs = Attributes("impersonate", "", "users", name=name)
+        raise forbidden(user, attrs)
+    groups = tuple(g for g in [_header(headers, "impersonate-group")] if g)
+    prefix = "system:serviceaccount:"
+    if not groups and name.startswith(prefix) and name.count(":") == 3:
+        namespace, account = name.removeprefix(prefix).split(":")
+        return service_account_user(namespace, account)
+    return User(name, groups)
 
 
 def read_record(path: Path) -> list[RecordedRequest]:

@@ -4,7 +4,8 @@ kubectl's generators (``kubectl create namespace``, ``create configmap``, ``crea
 secret``) send built-in objects as ``application/vnd.kubernetes.protobuf`` and do not
 retry as JSON when a server refuses it. This decodes the Kubernetes envelope (the
 ``k8s\\0`` magic and ``runtime.Unknown``) and the messages of Namespace, ConfigMap and
-Secret (with the ObjectMeta fields a client sets) into the JSON form the store takes;
+Secret (with the ObjectMeta fields a client sets) into the JSON form the store takes, and
+the SelfSubjectAccessReview of ``kubectl auth can-i``;
 anything else is refused with a message saying to use ``kubectl apply -f``. Field numbers
 are those of Kubernetes' ``generated.proto``. Pure; ``emulator`` calls :func:`decode`.
 """
@@ -146,10 +147,34 @@ def _secret(data: bytes) -> dict[str, Any]:
     return obj
 
 
+def _self_subject_access_review(data: bytes) -> dict[str, Any]:
+    """What ``kubectl auth can-i`` asks (``authz`` answers it)."""
+    resource = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource",
+                6: "subresource", 7: "name"}  # fmt: skip
+    spec: dict[str, Any] = {}
+    for number, _, value in _fields(data):
+        if number != 2 or not isinstance(value, bytes):
+            continue
+        for part, _, attributes in _fields(value):
+            if part == 1 and isinstance(attributes, bytes):
+                spec["resourceAttributes"] = {
+                    resource[n]: _text(v) for n, _, v in _fields(attributes)
+                    if n in resource and _text(v)
+                }  # fmt: skip
+            elif part == 2 and isinstance(attributes, bytes):
+                names = {1: "path", 2: "verb"}
+                spec["nonResourceAttributes"] = {
+                    names[n]: _text(v) for n, _, v in _fields(attributes) if n in names
+                }
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": spec}  # fmt: skip
+
+
 _DECODERS: dict[tuple[str, str], Callable[[bytes], dict[str, Any]]] = {
     ("v1", "Namespace"): _namespace,
     ("v1", "ConfigMap"): _config_map,
     ("v1", "Secret"): _secret,
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _self_subject_access_review,
 }
 
 
@@ -171,7 +196,8 @@ def decode(body: bytes) -> dict[str, Any]:
     decoder = _DECODERS.get((api_version, kind))
     if decoder is None:
         raise ProtobufError(
-            f"the embedded API reads protobuf only for Namespace, ConfigMap and Secret, not "
+            f"the embedded API reads protobuf only for Namespace, ConfigMap, Secret and "
+            f"SelfSubjectAccessReview, not "
             f"{api_version}/{kind}; send JSON or YAML instead (kubectl apply -f FILE)"
         )
     return decoder(raw)

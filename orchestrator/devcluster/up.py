@@ -21,7 +21,9 @@ restored stops the command with one line saying so, never an empty cluster in it
 With ``--rbac FILE`` the API authenticates bearer tokens and authorizes by RBAC
 (``authz``): the objects of FILE (``deploy/base/rbac.yaml``) are applied at start, the
 operator runs as the ServiceAccount ``caliban-drain-operator`` with its own kubeconfig
-(:data:`OPERATOR_KUBECONFIG`), everything else as a ``system:masters`` user; with
+(:data:`OPERATOR_KUBECONFIG`), everything else (kubectl too, which sends no token over
+http) as a ``system:masters`` user, who may impersonate (``kubectl auth can-i --as
+system:serviceaccount:caliban-drain:caliban-drain-operator ...``); with
 ``--record-requests FILE`` each request's user, verb, resource and name is written to
 FILE as a JSON line (tokens on, so the operator's calls are told apart).
 Then a user drives it all with ``kubectl --kubeconfig FILE``. SIGTERM or Ctrl-C stops
@@ -95,7 +97,11 @@ def stack_access(rbac: bool, record_requests: Path | None) -> authz.AccessContro
     if not rbac and record_requests is None:
         return None
     tokens = {DEV_TOKEN: ADMIN_USER, OPERATOR_TOKEN: OPERATOR_USER}
-    return authz.AccessControl(tokens, authorize=rbac, record_requests=record_requests)
+    # kubectl sends no bearer token over plain http: a request without one is the dev
+    # user's (the operator always sends its token, so it is never taken for it).
+    return authz.AccessControl(
+        tokens, authorize=rbac, record_requests=record_requests, anonymous=ADMIN_USER
+    )
 
 
 def apply_manifests(path: Path) -> None:

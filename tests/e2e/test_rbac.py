@@ -19,6 +19,8 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +34,13 @@ from kubernetes.client.exceptions import ApiException
 from orchestrator.demo.story import NAMESPACE, RESTORED, Story
 from orchestrator.devcluster import authz
 from orchestrator.devcluster.apiserver import EmbeddedApiServer, load_crds
-from orchestrator.devcluster.kubeconfig import DEV_TOKEN, write_kubeconfig
+from orchestrator.devcluster.kubeconfig import write_kubeconfig
 from orchestrator.devcluster.up import (
-    ADMIN_USER,
     OPERATOR_TOKEN,
     OPERATOR_USER,
     apply_manifests,
     packaged_crds,
+    stack_access,
 )
 from orchestrator.operator import crd, permissions
 from tests.support import wait_until
@@ -163,10 +165,7 @@ class ApiThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rbac-api")
         self._thread.start()
-        access = authz.AccessControl(
-            {DEV_TOKEN: ADMIN_USER, OPERATOR_TOKEN: OPERATOR_USER},
-            authorize=True, record_requests=record,
-        )  # fmt: skip
+        access = stack_access(True, record)  # as drainctl dev up --rbac has it
         self.server = EmbeddedApiServer(
             crds=packaged_crds() if crds is None else crds, access=access
         )
@@ -364,3 +363,111 @@ def test_an_operator_whose_cluster_role_misses_a_verb_exits_naming_it(
         f"Error: the operator lacks RBAC permission: {named}; see deploy/base/rbac.yaml"
     ]
     assert "Traceback" not in result.stderr
+
+
+def test_a_permission_withdrawn_at_runtime_is_logged_and_evented_naming_it(
+    rbac_api: ApiThread, tmp_path: Path
+) -> None:
+    """Tried: the ClusterRole loses ``create`` on Sandboxes after the operator started
+    (its startup check passed); provisioning a task is refused, and the operator says
+    which permission it lacks in its log and in a Warning event on the task."""
+    from orchestrator.ledger.migrate import upgrade
+
+    admin = rbac_api.admin_client(tmp_path)
+    objects = rendered_rbac()
+    rbac_api.apply(tmp_path, objects)
+    env = operator_environment(tmp_path, rbac_api.server.url)
+    upgrade(env["DRAIN_DATABASE_URL"])
+    log = tmp_path / "operator.log"
+    with log.open("w") as stderr:
+        operator = subprocess.Popen(
+            [*DRAINCTL, "operator", "--manage-sandbox"],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "rbac_checked" in log.read_text(), timeout=60, what="the check")
+        rbac = client.RbacAuthorizationV1Api(admin)
+        role = operator_role(without_verb(objects, crd.SANDBOX_PLURAL, "create"))
+        rbac.replace_cluster_role("caliban-drain-operator", role)
+        client.CustomObjectsApi(admin).create_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, "default", crd.PLURAL,
+            {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "t1"},
+             "spec": {"task": {"agents": 1, "provider": "scripted", "model": "turns=1",
+                               "prompt": "one turn"}}},
+        )  # fmt: skip
+        expected = (
+            "the operator lacks RBAC permission: sandboxes.agents.x-k8s.io is forbidden: "
+            'User "system:serviceaccount:caliban-drain:caliban-drain-operator" cannot create '
+            'resource "sandboxes" in API group "agents.x-k8s.io" in the namespace "default"; '
+            "see deploy/base/rbac.yaml"
+        )
+
+        def warned() -> bool:
+            events = client.CoreV1Api(admin).list_namespaced_event("default").items
+            return any(e.reason == "Forbidden" and e.message == expected for e in events)
+
+        wait_until(warned, timeout=60, what="the Forbidden event")
+        assert expected in log.read_text()
+    finally:
+        operator.terminate()
+        operator.wait(timeout=60)
+
+
+# ------------------------------------------------------------ the embedded API, with kubectl
+
+
+def kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_kubectl_applies_the_rbac_file_and_the_api_answers_by_it(
+    rbac_api: ApiThread, tmp_path: Path
+) -> None:
+    """The real kubectl: ``apply -f deploy/base/rbac.yaml`` as the admin, then as the
+    operator's ServiceAccount (``--as``, impersonated) ``auth can-i``
+    (SelfSubjectAccessReviews) and a refused request with Kubernetes' message; every
+    request recorded with its verb. kubectl sends no token over http: it is the dev
+    stack's anonymous admin."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    admin = write_kubeconfig(tmp_path / "admin.kubeconfig", rbac_api.server.url)
+    assert kubectl(admin, "create", "namespace", "caliban-drain").returncode == 0
+    applied = kubectl(admin, "apply", "-f", str(REPO / "deploy" / "base" / "rbac.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    assert "clusterrole.rbac.authorization.k8s.io/caliban-drain-operator created" in applied.stdout
+    can = [
+        ("patch", "calibantasks.caliban.caliban-ai.dev", "--subresource=status", "yes"),
+        ("watch", "calibantasks.caliban.caliban-ai.dev", "", "yes"),
+        ("delete", "calibantasks.caliban.caliban-ai.dev", "", "no"),
+        ("list", "secrets", "", "no"),
+        ("get", "secrets/caliban-drain-broker", "", "yes"),
+        ("get", "secrets/other", "", "no"),
+    ]
+    for verb, what, extra, answer in can:
+        args = ["auth", "can-i", verb, what, "-A", *([extra] if extra else [])]
+        assert kubectl(admin, *args, f"--as={OPERATOR_USER.name}").stdout.strip() == answer, (
+            verb, what,
+        )  # fmt: skip
+    refused = kubectl(admin, "get", "configmaps", "-n", "default", f"--as={OPERATOR_USER.name}")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "Error from server (Forbidden): configmaps is forbidden: User "
+        '"system:serviceaccount:caliban-drain:caliban-drain-operator" cannot list resource '
+        '"configmaps" in API group "" in the namespace "default"'
+    )
+    bad_token = urllib.request.Request(
+        rbac_api.server.url + "/api/v1/pods", headers={"Authorization": "Bearer x"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as unauthorized:
+        urllib.request.urlopen(bad_token, timeout=10)  # the API on 127.0.0.1
+    assert unauthorized.value.code == 401
+    recorded = authz.read_record(tmp_path / "requests.jsonl")
+    assert (
+        authz.RecordedRequest(
+            OPERATOR_USER.name, "list", "", "configmaps", "", "default", "", allowed=False
+        )
+        in recorded
+    )
