@@ -21,8 +21,9 @@ lists ``resourceNames``, the object's name (so never a ``create`` or a ``list``)
 ClusterRole aggregation is not evaluated. What a real cluster grants every user by its
 default bindings is granted here too: discovery and health paths (``system:discovery``)
 and ``selfsubjectaccessreviews`` (``system:basic-user``); the ``system:masters`` group is
-allowed everything, as on a real cluster. ``selfsubjectaccessreviews`` are answered
-here from the same evaluation and never stored.
+allowed everything and may impersonate (``Impersonate-User``: ``kubectl --as``), as on a
+real cluster. ``selfsubjectaccessreviews`` are answered here from the same evaluation,
+for the requesting (or impersonated) user, and never stored.
 """
 
 from __future__ import annotations
