@@ -39,7 +39,7 @@ from celery.exceptions import Reject
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
-from worker_agent import metrics
+from worker_agent import logformat, metrics
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
     ACTIVITY,
@@ -523,8 +523,17 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["DRAIN_CONSUMER_QUEUE"] = args.queue
     os.environ["DRAIN_DAEMON_SOCKET"] = str(args.socket)
     os.environ["DRAIN_DAEMON_STORE"] = str(args.store)
+    # The same lines as drainctl's own processes (DRAIN_LOG_FORMAT), each naming the
+    # task this pod serves, and a drain's or resume's operation id while it runs.
+    logformat.configure(args.loglevel)
+    namespace, name = parse_daemon_queue(args.queue)
+    logformat.set_process_context(
+        namespace=namespace, name=name, task_uid=os.environ.get("DRAIN_TASK_UID")
+    )
+    logformat.install_celery_hooks()
     app.worker_main(
         [
+            *logformat.celery_options(),
             "worker",
             "--queues", args.queue,
             "--pool", "solo",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
@@ -174,6 +175,15 @@ def configure(level: str, log_format: str | None = None) -> None:
     handler.addFilter(ContextFilter())
     handler.setFormatter(formatter(chosen))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    logging.captureWarnings(True)  # a library's warning is a record too, not a bare line
+
+
+def celery_options(log_format: str | None = None) -> list[str]:
+    """Celery's global options for a worker started here: in JSON, ``--quiet``, since
+    its start-up banner is printed, not logged, and would be the only lines that are
+    not JSON objects (its ``… ready.`` record stays)."""
+    chosen = log_format or LogSettings().log_format
+    return ["--quiet"] if chosen == "json" else []
 
 
 def task_log_fields(args: object, kwargs: object) -> dict[str, str]:
@@ -213,11 +223,29 @@ def _leave_logging_alone(**_: object) -> None:
     at all, so :func:`configure`'s handler formats its records too."""
 
 
-def install_celery_hooks() -> None:
-    """In a Celery worker: keep Celery's own logging setup out, and give every task's
-    records the fields its arguments name, for the time it runs."""
+def _say_as_json(message: str, f: Any = None) -> None:
+    """Celery's ``safe_say`` (its shutdown notices, printed from a signal handler, not
+    logged) as one JSON object; one ``os.write``, safe in a signal handler as the
+    original is."""
+    line = JsonFormatter().format(
+        logging.LogRecord("celery.apps.worker", logging.WARNING, __file__, 0, message, (), None)
+    )
+    stream = f if f is not None else sys.__stderr__
+    if stream is None:
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.write(stream.fileno(), f"{line}\n".encode())
+
+
+def install_celery_hooks(log_format: str | None = None) -> None:
+    """In a Celery worker: keep Celery's own logging setup out, give every task's
+    records the fields its arguments name for the time it runs, and in JSON turn
+    Celery's printed shutdown notices into JSON lines too."""
     from celery import signals
+    from celery.apps import worker
 
     signals.setup_logging.connect(_leave_logging_alone, weak=False)
     signals.task_prerun.connect(_task_started, weak=False)
     signals.task_postrun.connect(_task_finished, weak=False)
+    if (log_format or LogSettings().log_format) == "json":
+        worker.safe_say = _say_as_json  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from worker_agent import proto, unixpath
 from worker_agent.consumer_process import consumer_process
+from worker_agent.logformat import set_process_context
 from worker_agent.probes import DaemonProbes
 from worker_agent.proto import MAX_LINE_BYTES, ErrorKind, ProtocolError
 from worker_agent.settings import DaemonSettings
@@ -286,6 +287,11 @@ class ControlServer:
 
 async def run_daemon(settings: DaemonSettings) -> None:
     """Serve until SIGTERM, SIGINT or ``shutdown``; then drain every agent and exit."""
+    if settings.queue is not None:  # a Sandbox pod's daemon: every record names its task
+        # caliband.<namespace>.<name>, checked by the settings' pattern; a namespace has no
+        # dot (contract.parse_daemon_queue would load Celery into the daemon).
+        _, namespace, name = settings.queue.split(".", 2)
+        set_process_context(namespace=namespace, name=name, task_uid=settings.task_uid)
     supervisor = Supervisor(settings)
     server = ControlServer(settings, supervisor)  # refuses bad settings before any disk write
     try:

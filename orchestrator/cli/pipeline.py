@@ -247,12 +247,15 @@ def worker_cmd(
     _check_broker_url(app.conf.broker_url)
     ledger, settings = open_ledger(), get_settings()
     configure_logging(level)
+    from worker_agent.logformat import celery_options, install_celery_hooks
+
+    install_celery_hooks()  # Celery keeps to our logging; each task's records name it
     port = settings.worker_metrics_port if metrics_port is None else metrics_port
     serve_worker(app, ledger, settings.metrics_host, port)
     DeadlineSweeper(ledger, settings.sweep_interval_secs).start()
     app.worker_main(
         [
-            "worker", "--queues", "orchestrator", "--pool", "threads",
+            *celery_options(), "worker", "--queues", "orchestrator", "--pool", "threads",
             "--concurrency", str(concurrency), "--hostname", "orchestrator@%h",
             "--loglevel", level, "--task-events",
         ]

@@ -28,8 +28,15 @@ SAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "samples"
 class DevStack(DevStackProcess):
     """``drainctl dev up`` from the testing kit, started at once, with kubectl helpers."""
 
-    def __init__(self, root: Path, broker: str | None, database: str, *extra: str) -> None:
-        """``broker`` None: the stack's embedded broker."""
+    def __init__(
+        self,
+        root: Path,
+        broker: str | None,
+        database: str,
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``broker`` None: the stack's embedded broker; ``env``: more settings."""
         if shutil.which("kubectl") is None:
             pytest.skip("kubectl is not installed")
         brokers = {} if broker is None else {
@@ -47,6 +54,7 @@ class DevStack(DevStackProcess):
                 "DRAIN_VISIBILITY_TIMEOUT_SECS": "10",
                 "DRAIN_UNACKED_RESTORE_INTERVAL_SECS": "1",
                 "DRAIN_SWEEP_INTERVAL_SECS": "1",
+                **(env or {}),
             },
         )
         self.database_url = database
