@@ -15,10 +15,11 @@ from typing import Any
 
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from orchestrator.ledger.migrate import MIGRATION_LOCK_KEY
 from orchestrator.ledger.models import Base, UTCDateTime
 
 config = context.config
@@ -68,6 +69,13 @@ def run_migrations_online() -> None:
     engine = create_engine(database_url(), poolclass=NullPool)
     try:
         with engine.connect() as connection:
+            if connection.dialect.name == "postgresql":
+                # A session lock: held through the migrations' own transaction below, and
+                # released when the connection closes, whatever happens.
+                connection.execute(
+                    text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+                )
+                connection.commit()
             context.configure(connection=connection, **options(connection.dialect.name))
             with context.begin_transaction():
                 context.run_migrations()

@@ -21,6 +21,12 @@ from sqlalchemy.pool import NullPool
 
 import migrations
 
+MIGRATION_LOCK_KEY = 0x63616C6962616E  # "caliban"
+"""The PostgreSQL advisory lock an upgrade holds (``migrations/env.py``): two started at
+once, like the migration init containers of two new operator pods, run one after the
+other, and the second finds the ledger at head instead of both creating the same tables
+and one failing."""
+
 
 def alembic_config(url: str, *, output: io.StringIO | None = None) -> Config:
     """An Alembic configuration for the ledger at ``url``; ``output`` receives offline SQL."""

@@ -90,3 +90,37 @@ class TestLedgerOnPostgres(LedgerBehaviour):
             for table in ("checkpoint_agents", "checkpoints", "operations", "daemon_activity"):
                 connection.execute(text(f'DELETE FROM "{schema_at_head.name}".{table}'))
         return schema_at_head.url
+
+
+def test_an_upgrade_waits_for_one_already_running(admin: Engine) -> None:
+    """Two ``drainctl db upgrade`` at once (the migration init containers of two new
+    operator replicas) run one after the other: an upgrade takes the ledger's advisory
+    lock first. Tried: the lock held here, as a running upgrade holds it; the upgrade
+    started meanwhile waits on it (PostgreSQL shows it waiting) and migrates nothing
+    until it is released, then brings the ledger to head and exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.ledger.migrate import MIGRATION_LOCK_KEY, current, head
+    from tests.support import wait_until
+
+    with fresh_schema(admin) as schema, admin.connect() as holder:
+        holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        env = {**os.environ, "DRAIN_DATABASE_URL": schema.url}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "db", "upgrade"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            waiting = text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            )
+            wait_until(lambda: holder.execute(waiting).scalar() == 1, timeout=60)
+            assert proc.poll() is None
+            assert current(schema.url) is None
+        finally:
+            holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        output = proc.communicate(timeout=120)[0].decode()
+        assert proc.returncode == 0, output
+        assert current(schema.url) == head()
