@@ -31,8 +31,11 @@ from orchestrator.cli.output import configure_logging, emit, json_option, log_le
 @click.option("--broker", "broker_url", help="The consumer's broker URL (else DRAIN_BROKER_URL).")
 @click.option("--task-uid", help="The CalibanTask uid this pod serves (sent in heartbeats).")
 @click.option("--max-agents", type=int, help="Agents this daemon keeps at most (default 300).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535),
-              help="Port of /metrics, /healthz and /readyz (default 9102; 0: none).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Port of /metrics, /healthz and /readyz (default 9102; 0: none).",
+)
 @click.option("--metrics-host", help="Address they are served on (default 0.0.0.0).")
 @click.option("--initial-agents", type=int, help="Agents to spawn into an empty store.")
 @click.option("--initial-provider", help="Provider of the initial agents.")

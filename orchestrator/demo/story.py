@@ -250,7 +250,11 @@ class Story:
 
     def start_stack(self) -> None:
         stack = DevStackProcess(
-            self.root, "--fresh", "--port", str(self.port), *self.stack_args,
+            self.root,
+            "--fresh",
+            "--port",
+            str(self.port),
+            *self.stack_args,
             env=stack_environment(),
         )
         self.stack = stack

@@ -123,6 +123,7 @@ def apply_manifests(path: Path) -> None:
         except (utils.FailToCreateError, ValueError, AttributeError) as exc:
             raise DevClusterError(f"cannot apply {path}: {exc}") from exc
 
+
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
     ("orchestrator.devcluster", "crds/sandbox.yaml"),
