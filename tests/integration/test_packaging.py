@@ -162,7 +162,13 @@ def _stop(proc: subprocess.Popen[bytes], within: float) -> int:
 
 
 def _assert_serves_the_crds(
-    argv: list[str], kubeconfig: Path, *, cwd: Path, env: dict[str, str] | None, within: float = 60
+    argv: list[str],
+    kubeconfig: Path,
+    *,
+    cwd: Path,
+    env: dict[str, str] | None,
+    within: float = 60,
+    expected: tuple[str, ...],
 ) -> None:
     """Run ``argv`` until ``kubectl get crd`` through ``kubeconfig`` lists the packaged
     CRDs, then SIGTERM it; it must exit 0."""
@@ -177,7 +183,7 @@ def _assert_serves_the_crds(
             return _kubectl_crds(kubeconfig)
 
         listed = wait_until(served, within, f"kubectl get crd against {argv[1:4]}")
-        assert sorted(listed.split()) == sorted(SERVED_CRDS)
+        assert sorted(listed.split()) == sorted(expected)
     finally:
         code = _stop(server, 90)
     assert code == 0, log_path.read_text()
@@ -190,15 +196,23 @@ SERVED_CRDS = (
     "customresourcedefinition.apiextensions.k8s.io/volumesnapshotclasses.snapshot.storage.k8s.io",
     "customresourcedefinition.apiextensions.k8s.io/volumesnapshotcontents.snapshot.storage.k8s.io",
 )
-"""What ``dev cluster`` and ``dev up`` serve by default: the packaged CRDs and the
-snapshot ones."""
+"""What ``dev cluster`` serves by default: the packaged CRDs and the snapshot ones."""
+STACK_CRDS = (
+    *SERVED_CRDS,
+    "customresourcedefinition.apiextensions.k8s.io/clusterkopfpeerings.kopf.dev",
+    "customresourcedefinition.apiextensions.k8s.io/kopfpeerings.kopf.dev",
+)
+"""What ``dev up`` serves: those and kopf's peering CRDs, for operators run with
+``--peering``."""
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_drainctl_dev_cluster_serves_the_packaged_crds_by_default(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig.yaml"
     argv = [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--kubeconfig"]
-    _assert_serves_the_crds([*argv, str(kubeconfig)], kubeconfig, cwd=tmp_path, env=None)
+    _assert_serves_the_crds(
+        [*argv, str(kubeconfig)], kubeconfig, cwd=tmp_path, env=None, expected=SERVED_CRDS
+    )
 
 
 # ---------------------------------------------------------- the repository is self-contained
@@ -387,7 +401,9 @@ def test_a_wheel_installed_with_dev_runs_drainctl_dev_up_outside_the_checkout(
     kubeconfig = elsewhere / "kubeconfig.yaml"
     argv = [str(venv / "bin" / "drainctl"), "dev", "up", "--kubeconfig", str(kubeconfig),
             "--state-dir", str(elsewhere / "state")]  # fmt: skip
-    _assert_serves_the_crds(argv, kubeconfig, cwd=elsewhere, env=env, within=120)
+    _assert_serves_the_crds(
+        argv, kubeconfig, cwd=elsewhere, env=env, within=120, expected=STACK_CRDS
+    )
 
 
 @pytest.mark.slow
