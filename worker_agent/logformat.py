@@ -52,6 +52,9 @@ _TASK_ARG_KEYS: Final = {
 """Celery payload keys (``worker_agent.contract``) → the field each one fills."""
 
 
+LOG_FORMAT_ENV: Final = "DRAIN_LOG_FORMAT"
+
+
 class LogSettings(BaseSettings):
     """``DRAIN_LOG_FORMAT``: ``text`` (``ts=… level=… logger=… event=…``) or ``json``."""
 

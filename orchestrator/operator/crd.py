@@ -84,6 +84,20 @@ RUN_MOUNT: Final = "/run/caliband"
 DAEMON_SOCKET_FILE: Final = "ctl.sock"
 """In :data:`RUN_MOUNT`: the daemon's control socket (``kubectl exec … drainctl agents
 --socket /run/caliband/ctl.sock …``)."""
+DAEMON_METRICS_PORT: Final = 9102
+"""The daemon container's port (named ``metrics``): ``/metrics``, and ``/healthz`` and
+``/readyz`` for its probes; the daemon's own default (``DRAIN_DAEMON_METRICS_PORT``)."""
+DAEMON_LIVENESS_PROBE: Final = {
+    "httpGet": {"path": "/healthz", "port": "metrics"},
+    "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3,
+}  # fmt: skip
+"""A daemon whose supervisor loop has stopped ticking for a minute is restarted (its
+agents then resume through the disruption path); a lost broker never fails it."""
+DAEMON_READINESS_PROBE: Final = {
+    "httpGet": {"path": "/readyz", "port": "metrics"},
+    "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3,
+}  # fmt: skip
+"""Ready while the control socket answers and the consumer reaches the broker."""
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 DAEMON_COMPONENT: Final = "caliban-daemon"
 """``COMPONENT_LABEL`` on every daemon pod, whatever its task: what the daemon

@@ -84,7 +84,12 @@ from orchestrator.pipeline import start as pipeline
 from orchestrator.pipeline.app import app, daemon_queue
 from orchestrator.pipeline.tasks import get_ledger
 from orchestrator.settings import Settings, get_settings
-from worker_agent.logformat import bind_log_context, set_log_context
+from worker_agent.logformat import (
+    LOG_FORMAT_ENV,
+    LogSettings,
+    bind_log_context,
+    set_log_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -640,6 +645,7 @@ class Reconciler:
             args += ["--initial-model", spec.model]
         if spec.prompt:
             args += ["--initial-prompt", spec.prompt]
+        args += ["--metrics-port", str(crd.DAEMON_METRICS_PORT)]
         # The URL may hold a password: the pod reads it from the namespace's Secret
         # (``ensure_broker_secret``), so it is never in the Sandbox spec.
         broker = {"secretKeyRef": {"name": self.settings.daemon_broker_secret,
@@ -653,7 +659,14 @@ class Reconciler:
                     "image": self.settings.daemon_image,
                     "command": ["drainctl"],
                     "args": args,
-                    "env": [{"name": crd.BROKER_URL_ENV, "valueFrom": broker}],
+                    "env": [
+                        {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
+                        # The operator's own log format, so one DRAIN_LOG_FORMAT sets all.
+                        {"name": LOG_FORMAT_ENV, "value": LogSettings().log_format},
+                    ],
+                    "ports": [{"name": "metrics", "containerPort": crd.DAEMON_METRICS_PORT}],
+                    "livenessProbe": dict(crd.DAEMON_LIVENESS_PROBE),
+                    "readinessProbe": dict(crd.DAEMON_READINESS_PROBE),
                     "volumeMounts": [
                         {"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT},
                         {"name": crd.RUN_VOLUME, "mountPath": crd.RUN_MOUNT},

@@ -1,0 +1,59 @@
+"""The daemon container the operator writes into each provisioned Sandbox: its probes and
+metrics port, the broker URL by reference only, and the operator's log format."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import kopf
+import pytest
+
+from orchestrator.ledger import Ledger
+from orchestrator.operator import crd
+from orchestrator.operator.handlers import Reconciler
+from orchestrator.operator.lifecycle import parse_spec
+from orchestrator.settings import Settings
+from worker_agent.settings import DaemonSettings
+
+TASK: dict[str, Any] = {
+    "apiVersion": crd.API_VERSION,
+    "kind": crd.KIND,
+    "metadata": {"name": "demo", "namespace": "team-a", "uid": "6f1c2f5e-0d7a-4f7e-9d61"},
+    "spec": {"task": {"agents": 2, "provider": "scripted"}},
+}
+BROKER = "redis://:hunter2-secret@broker.team-a:6379/0"
+
+
+def daemon_container(monkeypatch: pytest.MonkeyPatch, log_format: str) -> dict[str, Any]:
+    monkeypatch.setenv("DRAIN_LOG_FORMAT", log_format)
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    # The Sandbox body is built from the object alone; no ledger call is made.
+    reconciler = Reconciler(kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings)
+    body = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
+    [container] = body["spec"]["podTemplate"]["spec"]["containers"]
+    return cast(dict[str, Any], container)
+
+
+def test_the_daemon_serves_its_probes_on_the_port_the_container_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    container = daemon_container(monkeypatch, "text")
+    args = container["args"]
+    assert args[args.index("--metrics-port") + 1] == str(crd.DAEMON_METRICS_PORT)
+    assert container["ports"] == [{"name": "metrics", "containerPort": crd.DAEMON_METRICS_PORT}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # The daemon's own default is the same port, so a pod built by hand matches too.
+    assert DaemonSettings.model_fields["metrics_port"].default == crd.DAEMON_METRICS_PORT
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_daemon_logs_in_the_operators_format_and_never_sees_the_url_inline(
+    monkeypatch: pytest.MonkeyPatch, log_format: str
+) -> None:
+    container = daemon_container(monkeypatch, log_format)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DRAIN_LOG_FORMAT"] == {"name": "DRAIN_LOG_FORMAT", "value": log_format}
+    assert "value" not in env[crd.BROKER_URL_ENV]
+    assert "hunter2-secret" not in json.dumps(container)
