@@ -10,6 +10,7 @@ within seconds and leaves no operation behind; the publish that follows is bound
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -265,7 +266,8 @@ def worker_cmd(
 @click.command("flower")
 @click.option("--port", default=5555, show_default=True, type=int, help="HTTP port.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Address to bind.")
-def flower_cmd(port: int, address: str) -> None:
+@log_level_option
+def flower_cmd(port: int, address: str, log_level: str) -> None:
     """Flower on this broker: drain, record and resume tasks as they run.
 
     Flower's HTTP API needs credentials: set FLOWER_BASIC_AUTH=user:password (read by
@@ -273,16 +275,21 @@ def flower_cmd(port: int, address: str) -> None:
     stack, FLOWER_UNAUTHENTICATED_API=true.
     """
     require_extra("flower", "flower", "drainctl flower")
+    from orchestrator.pipeline.app import app
+
+    _check_broker_url(app.conf.broker_url)
+    configure_logging(log_level)
     if not os.environ.get("FLOWER_BASIC_AUTH") and not os.environ.get("FLOWER_UNAUTHENTICATED_API"):
-        click.echo(
-            "note: FLOWER_BASIC_AUTH is not set; Flower's API will answer 401 "
-            "(set FLOWER_BASIC_AUTH=user:password)",
-            err=True,
+        logging.getLogger(__name__).warning(
+            "FLOWER_BASIC_AUTH is not set; Flower's API will answer 401 "
+            "(set FLOWER_BASIC_AUTH=user:password)"
         )
-    os.execv(  # noqa: S606 - replaces this process with Flower, argv fully ours
-        sys.executable,
-        [
-            sys.executable, "-m", "celery", "--app", "orchestrator.pipeline.app", "flower",
-            f"--port={port}", f"--address={address}",
-        ],
-    )  # fmt: skip
+    # Flower runs in this process, not exec'd, so its records (and tornado's) go through
+    # the handler configure_logging installed, in DRAIN_LOG_FORMAT. --logging=none keeps
+    # tornado from setting the root level or adding a handler of its own; Flower's
+    # SIGTERM handler still ends it with exit 0.
+    code: int | None = app.start(
+        ["flower", f"--port={port}", f"--address={address}", "--logging=none"]
+    )
+    if code:
+        sys.exit(code)
