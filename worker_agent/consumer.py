@@ -13,7 +13,8 @@ left in the queue never touches the new task's agents;
 and it sends ``caliban.orchestrator.activity`` heartbeats (counts, and how long the task
 has been idle on this host's monotonic clock) on every change and at least every
 heartbeat interval. The pod holds no Kubernetes credentials and no database URL: the
-broker is its only way out.
+broker is its only way out. Run by ``drainctl daemon``, it also reports its broker
+connection to the daemon's ``/readyz`` (:class:`BrokerWatch`, ``worker_agent.broker_state``).
 
 ``drainctl daemon --queue … --broker …`` starts this module as a child process and
 restarts it if it dies; it can also run alone as ``python -m worker_agent.consumer``.
@@ -34,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from celery import Task
+from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
-from worker_agent import logformat, metrics
+from worker_agent import broker_state, logformat, metrics
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
     ACTIVITY,
@@ -469,14 +470,96 @@ def _stop_heartbeat(**_: Any) -> None:
         _heartbeat.stopping.set()
 
 
-@worker_ready.connect
-def _say_ready(**_: Any) -> None:
-    metrics.consumer_ready(True)
+# ---------------------------------------------------------------- broker connection
+
+
+def check_broker(timeout: float = broker_state.CHECK_TIMEOUT_SECS) -> str | None:
+    """Why the broker does not answer a fresh connection within ``timeout`` (connect,
+    then a round trip: Redis's PING, AMQP's handshake), or None when it does."""
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    try:
+        with app.connection_for_read(transport_options=options, connect_timeout=timeout) as conn:
+            conn.ensure_connection(max_retries=0)
+            conn.default_channel  # noqa: B018 (opening the channel is the round trip)
+    except Exception as exc:  # refused, timed out, unknown host, bad credentials
+        return str(exc) or type(exc).__name__
+    return None
+
+
+class BrokerWatch(threading.Thread):
+    """Writes the consumer's broker report (``worker_agent.broker_state``) for the
+    supervisor's ``/readyz``: every check interval and at once when the worker's
+    connection changes (:class:`BrokerConnected`). It is the report's only writer.
+
+    A thread, not a timer on the worker's loop: the solo pool runs a drain on that loop,
+    and a drain must not make the daemon look stuck, nor hide a broker lost meanwhile.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(name="caliban-broker-watch", daemon=True)
+        self.directory = directory
+        self.connection = broker_state.Connection.NOT_YET
+        self.changed = threading.Event()
+
+    def tell(self, connection: broker_state.Connection) -> None:
+        if connection is not self.connection:
+            log.info("broker_connection state=%s", connection.name.lower())
+        self.connection = connection
+        self.changed.set()
+
+    def run(self) -> None:
+        pid = os.getpid()
+        while True:
+            self.changed.clear()
+            connection = self.connection
+            check_error = None if connection is broker_state.Connection.STOPPING else check_broker()
+            problem = broker_state.problem(connection, check_error)
+            try:
+                broker_state.write(self.directory, broker_state.Report(pid, problem))
+            except OSError as exc:  # the supervisor removed the dir: it is stopping
+                log.warning("broker_report_unwritable error=%s", exc)
+            self.changed.wait(broker_state.CHECK_SECS)
+
+
+_broker_watch: BrokerWatch | None = None
+
+
+def _start_broker_watch() -> None:
+    """Report to the supervisor that runs this consumer (its metrics dir), if any."""
+    global _broker_watch
+    if directory := os.environ.get(metrics.MULTIPROC_ENV):
+        _broker_watch = BrokerWatch(Path(directory))
+        _broker_watch.start()
+
+
+def _tell_broker_watch(connection: broker_state.Connection) -> None:
+    if _broker_watch is not None:
+        _broker_watch.tell(connection)
+
+
+class BrokerConnected(bootsteps.StartStopStep):
+    """A step of the worker's consumer blueprint: started once the worker's connection
+    is up and its queues consumed, stopped when Celery restarts the blueprint on a lost
+    connection (and at shutdown), so the report follows the worker's own connection."""
+
+    requires = ("celery.worker.consumer:Tasks",)
+
+    def start(self, parent: Any) -> None:
+        _tell_broker_watch(broker_state.Connection.CONNECTED)
+
+    def stop(self, parent: Any) -> None:
+        _tell_broker_watch(broker_state.Connection.LOST)
+
+    def shutdown(self, parent: Any) -> None:
+        _tell_broker_watch(broker_state.Connection.STOPPING)
+
+
+app.steps["consumer"].add(BrokerConnected)
 
 
 @worker_shutting_down.connect
-def _say_not_ready(**_: Any) -> None:
-    metrics.consumer_ready(False)
+def _say_stopping(**_: Any) -> None:
+    _tell_broker_watch(broker_state.Connection.STOPPING)
 
 
 _started: dict[str, float] = {}  # task id → when it started (the solo pool: one at a time)
@@ -531,6 +614,7 @@ def main(argv: list[str] | None = None) -> None:
         namespace=namespace, name=name, task_uid=os.environ.get("DRAIN_TASK_UID")
     )
     logformat.install_celery_hooks()
+    _start_broker_watch()
     app.worker_main(
         [
             *logformat.celery_options(),

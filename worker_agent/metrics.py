@@ -59,9 +59,6 @@ DURATION_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300
 SENT_AT_HEADER: Final = "caliban_sent_at"
 """Message header: the publisher's wall clock (Unix seconds) when it sent the task."""
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
-CONSUMER_READY_FILE: Final = "consumer.ready"
-"""Written in the multiprocess dir by the consumer once its worker is ready (connected to
-the broker, consuming), removed when it shuts down."""
 
 SUPERVISOR = CollectorRegistry()
 """Metrics the supervisor process records."""
@@ -122,20 +119,6 @@ def observe_queue_wait(histogram: Histogram, task: Any) -> None:
     wait = queue_wait(getattr(request, SENT_AT_HEADER, None), request.eta, time.time())
     if wait is not None:
         histogram.labels(task=task.name).observe(wait)
-
-
-def consumer_ready(ready: bool) -> None:
-    """Say (in the multiprocess dir, if there is one) whether the consumer is consuming."""
-    import os
-
-    directory = os.environ.get(MULTIPROC_ENV)
-    if not directory:
-        return
-    marker = Path(directory) / CONSUMER_READY_FILE
-    if ready:
-        marker.touch()
-    else:
-        marker.unlink(missing_ok=True)
 
 
 def daemon_registry(multiproc_dir: Path | None) -> CollectorRegistry:

@@ -4,8 +4,18 @@
   second, and the probe fails once no tick came for :data:`STALL_SECS` (a wedged loop
   serves no control request, so the pod should be restarted);
 - ``/readyz``: the control socket answers a ``status`` request and, when the daemon
-  runs a consumer, the consumer process is running and has said it is consuming (its
-  marker file in the metrics dir, written on Celery's ``worker_ready``).
+  runs a consumer, the consumer process is running and connected to its broker *now*:
+  its latest broker report (``worker_agent.broker_state``, a file in the metrics dir)
+  comes from the consumer process running now, is at most ``broker_state.STALE_SECS``
+  old, and says its worker is connected and the broker answered a fresh connection
+  within ``broker_state.CHECK_TIMEOUT_SECS``. A broker lost after the consumer
+  connected makes the daemon unready within one report (``broker_state.CHECK_SECS``),
+  saying why; it is ready again once the worker has reconnected.
+
+A lost broker fails readiness only, never liveness: a broker outage reaches every
+daemon at once, and a liveness failure would have Kubernetes restart them all and kill
+every agent they run, while a daemon without its broker still serves its agents and its
+control socket, and its consumer reconnects by itself when the broker is back.
 
 The server runs on its own thread, so a probe never waits on the loop it checks.
 """
@@ -20,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from worker_agent import metrics
+from worker_agent import broker_state, metrics
 from worker_agent.children import KeptProcess
 from worker_agent.settings import DaemonSettings
 from worker_agent.supervisor import Supervisor
@@ -65,6 +75,7 @@ class DaemonProbes:
             await asyncio.sleep(TICK_SECS)
 
     def healthz(self) -> str | None:
+        """Only the supervisor's own loop: never the broker (see the module docstring)."""
         stalled = time.monotonic() - self.last_tick
         if stalled > STALL_SECS:
             return f"the supervisor's loop has not run for {stalled:.0f}s"
@@ -85,9 +96,8 @@ class DaemonProbes:
         process = self.consumer.process
         if process is None or process.returncode is not None:
             return "the consumer process is not running"
-        if not (self.dir / metrics.CONSUMER_READY_FILE).exists():
-            return "the consumer is not consuming yet (not connected to the broker)"
-        return None
+        report, written = broker_state.read(self.dir)
+        return broker_state.verdict(report, time.time() - written, process.pid)
 
     async def close(self) -> None:
         if self._ticker is not None:

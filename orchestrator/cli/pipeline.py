@@ -10,6 +10,7 @@ within seconds and leaves no operation behind; the publish that follows is bound
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -288,8 +289,16 @@ def flower_cmd(port: int, address: str, log_level: str) -> None:
     # the handler configure_logging installed, in DRAIN_LOG_FORMAT. --logging=none keeps
     # tornado from setting the root level or adding a handler of its own; Flower's
     # SIGTERM handler still ends it with exit 0.
-    code: int | None = app.start(
-        ["flower", f"--port={port}", f"--address={address}", "--logging=none"]
-    )
+    try:
+        code: int | None = app.start(
+            ["flower", f"--port={port}", f"--address={address}", "--logging=none"]
+        )
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise Misconfigured(
+            f"Flower cannot listen on {address}:{port}: {exc.strerror}; "
+            "choose another --port or --address"
+        ) from None
     if code:
         sys.exit(code)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -12,7 +14,11 @@ from orchestrator.devcluster import broker
 from orchestrator.devcluster.apiserver import DevClusterError
 from tests.probe_support import fetch, scrape, value
 from tests.support import DaemonProcess, wait_until
+from worker_agent.proto import AgentRecord
 from worker_agent.testing import Subprocess
+
+
+NOT_CONNECTED_YET = "the consumer is not connected to the broker yet: "
 
 
 def free_port() -> int:
@@ -59,8 +65,11 @@ def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
         status, why = fetch(url + "/readyz")
         assert status == 503
         assert why.startswith(
-            ("the consumer is not consuming yet", "the consumer process is not running")
-        )
+            ("the consumer process is not running", "the consumer has not reported")
+        ) or why.startswith(NOT_CONNECTED_YET), why
+        # The consumer's report names the broker's own error once it has tried.
+        wait_until(lambda: fetch(url + "/readyz")[1].startswith(NOT_CONNECTED_YET), 60, "why")
+        assert "Connection refused" in fetch(url + "/readyz")[1]
         with daemon.client() as client:
             client.spawn(provider="scripted", model="turns=1000,turn_ms=100")
         wait_until(lambda: agents_live(url + "/metrics") == 1, 30, "one agent live")
@@ -72,3 +81,92 @@ def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
         daemon.stop()
         if embedded is not None:
             embedded.stop()
+
+
+
+def daemon_on(root: Path, broker_port: int, metrics_port: int, queue: str) -> DaemonProcess:
+    broker_url = f"redis://127.0.0.1:{broker_port}/0"
+    return DaemonProcess(
+        root, "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1", queue=queue,
+        env={"DRAIN_BROKER_URL": broker_url, "DRAIN_RESULT_BACKEND": broker_url},
+    )  # fmt: skip
+
+
+def unready_but_live(url: str, daemon: DaemonProcess, agent: AgentRecord) -> str:
+    """Wait for /readyz to fail; check /healthz and the agent did not; answer why."""
+    wait_until(lambda: fetch(url + "/readyz")[0] == 503, 60, "the daemon unready")
+    status, why = fetch(url + "/readyz")
+    assert status == 503
+    assert fetch(url + "/healthz") == (200, "ok\n")
+    during = daemon.records()[agent.id]
+    assert during.status.live and during.created_at == agent.created_at
+    assert agents_live(url + "/metrics") == 1
+    return why
+
+
+def ready_again(url: str, daemon: DaemonProcess, agent: AgentRecord) -> None:
+    wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready again")
+    assert fetch(url + "/readyz") == (200, "ok\n")
+    after = daemon.records()[agent.id]
+    assert after.status.live and after.created_at == agent.created_at
+    assert after.turns > agent.turns  # it kept working through the outage
+
+
+def test_a_daemon_whose_broker_stops_is_unready_but_live_and_its_agent_keeps_working(
+    tmp_short: Path,
+) -> None:
+    """A broker lost after the consumer connected (its process gone, its connections
+    closed): /readyz turns 503 and says why, /healthz stays 200 (a broker outage must not
+    get every daemon restarted), the agent keeps working; the broker back on its port,
+    the daemon is ready again. Default probe timing."""
+    broker_port, metrics_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{metrics_port}"
+    embedded = EmbeddedBroker(tmp_short, broker_port).start()
+    daemon = daemon_on(tmp_short, broker_port, metrics_port, "caliband.default.stopped").start()
+    try:
+        wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready")
+        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=100")
+        agent = daemon.records()[agent_id]
+
+        embedded.stop()
+        why = unready_but_live(url, daemon, agent)
+        assert why.startswith(
+            ("the consumer lost its broker connection", "the consumer's broker does not answer")
+        ), why
+        assert "Connection refused" in why, why  # the broker's own error
+
+        embedded = EmbeddedBroker(tmp_short, broker_port).start()
+        ready_again(url, daemon, agent)
+    finally:
+        daemon.stop()
+        embedded.stop()
+
+
+def test_a_daemon_whose_broker_stops_answering_is_unready_until_it_answers_again(
+    tmp_short: Path,
+) -> None:
+    """A broker that keeps its connections open but answers nothing (frozen with
+    SIGSTOP, as a partitioned or hung broker looks): the consumer's worker does not
+    notice, its fresh-connection check times out, and /readyz says so; /healthz and the
+    agent are untouched; thawed, the daemon is ready again. Default probe timing."""
+    broker_port, metrics_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{metrics_port}"
+    embedded = EmbeddedBroker(tmp_short, broker_port).start()
+    daemon = daemon_on(tmp_short, broker_port, metrics_port, "caliband.default.frozen").start()
+    try:
+        wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready")
+        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=100")
+        agent = daemon.records()[agent_id]
+
+        os.kill(embedded.pid, signal.SIGSTOP)
+        try:
+            why = unready_but_live(url, daemon, agent)
+        finally:
+            os.kill(embedded.pid, signal.SIGCONT)
+        assert why.startswith("the consumer's broker does not answer: "), why
+        assert "Timeout" in why, why
+
+        ready_again(url, daemon, agent)
+    finally:
+        daemon.stop()
+        embedded.stop()
