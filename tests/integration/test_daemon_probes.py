@@ -1,6 +1,8 @@
 """The daemon's ``/healthz``, ``/readyz`` and ``/metrics`` (``--metrics-port``), on a real
-``drainctl daemon`` with its Celery consumer: not ready while its broker is unreachable
-(and saying why), ready once the broker comes; its live agents counted."""
+``drainctl daemon`` with its Celery consumer and a real embedded broker: not ready while
+its broker is unreachable (and saying why), ready once the broker comes; unready again
+when the broker stops or stops answering after the consumer connected, while liveness
+and the agents are untouched, and ready once it is back; its live agents counted."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from tests.probe_support import fetch, scrape, value
 from tests.support import DaemonProcess, wait_until
 from worker_agent.proto import AgentRecord
 from worker_agent.testing import Subprocess
-
 
 NOT_CONNECTED_YET = "the consumer is not connected to the broker yet: "
 
@@ -81,7 +82,6 @@ def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
         daemon.stop()
         if embedded is not None:
             embedded.stop()
-
 
 
 def daemon_on(root: Path, broker_port: int, metrics_port: int, queue: str) -> DaemonProcess:
