@@ -6,11 +6,16 @@ and the agents are untouched, and ready once it is back; its live agents counted
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from orchestrator.devcluster import broker
 from orchestrator.devcluster.apiserver import DevClusterError
@@ -84,34 +89,58 @@ def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
             embedded.stop()
 
 
-def daemon_on(root: Path, broker_port: int, metrics_port: int, queue: str) -> DaemonProcess:
+@dataclass
+class Outage:
+    """A ready daemon on its own embedded broker, one agent working: the broker's to lose."""
+
+    broker: EmbeddedBroker
+    daemon: DaemonProcess
+    url: str
+    agent: AgentRecord
+    """As it was before the outage."""
+
+    def unready_but_live(self) -> str:
+        """Wait for /readyz to fail; check /healthz and the agent did not; answer why."""
+        wait_until(lambda: fetch(self.url + "/readyz")[0] == 503, 60, "the daemon unready")
+        status, why = fetch(self.url + "/readyz")
+        assert status == 503
+        assert fetch(self.url + "/healthz") == (200, "ok\n")
+        during = self.daemon.records()[self.agent.id]
+        assert during.status.live and during.created_at == self.agent.created_at
+        assert agents_live(self.url + "/metrics") == 1
+        return why
+
+    def ready_again(self) -> None:
+        wait_until(lambda: fetch(self.url + "/readyz")[0] == 200, 90, "the daemon ready again")
+        assert fetch(self.url + "/readyz") == (200, "ok\n")
+        after = self.daemon.records()[self.agent.id]
+        assert after.status.live and after.created_at == self.agent.created_at
+        assert after.turns > self.agent.turns  # it kept working through the outage
+
+
+@contextlib.contextmanager
+def outage_stage(root: Path, queue: str) -> Iterator[Outage]:
+    broker_port, metrics_port = free_port(), free_port()
     broker_url = f"redis://127.0.0.1:{broker_port}/0"
-    return DaemonProcess(
+    url = f"http://127.0.0.1:{metrics_port}"
+    embedded = EmbeddedBroker(root, broker_port).start()
+    daemon = DaemonProcess(
         root, "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1", queue=queue,
         env={"DRAIN_BROKER_URL": broker_url, "DRAIN_RESULT_BACKEND": broker_url},
     )  # fmt: skip
+    stage = None
+    try:
+        daemon.start()
+        wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready")
+        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=100")
+        stage = Outage(embedded, daemon, url, daemon.records()[agent_id])
+        yield stage
+    finally:
+        daemon.stop()
+        (stage.broker if stage else embedded).stop()
 
 
-def unready_but_live(url: str, daemon: DaemonProcess, agent: AgentRecord) -> str:
-    """Wait for /readyz to fail; check /healthz and the agent did not; answer why."""
-    wait_until(lambda: fetch(url + "/readyz")[0] == 503, 60, "the daemon unready")
-    status, why = fetch(url + "/readyz")
-    assert status == 503
-    assert fetch(url + "/healthz") == (200, "ok\n")
-    during = daemon.records()[agent.id]
-    assert during.status.live and during.created_at == agent.created_at
-    assert agents_live(url + "/metrics") == 1
-    return why
-
-
-def ready_again(url: str, daemon: DaemonProcess, agent: AgentRecord) -> None:
-    wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready again")
-    assert fetch(url + "/readyz") == (200, "ok\n")
-    after = daemon.records()[agent.id]
-    assert after.status.live and after.created_at == agent.created_at
-    assert after.turns > agent.turns  # it kept working through the outage
-
-
+@pytest.mark.slow
 def test_a_daemon_whose_broker_stops_is_unready_but_live_and_its_agent_keeps_working(
     tmp_short: Path,
 ) -> None:
@@ -119,29 +148,19 @@ def test_a_daemon_whose_broker_stops_is_unready_but_live_and_its_agent_keeps_wor
     closed): /readyz turns 503 and says why, /healthz stays 200 (a broker outage must not
     get every daemon restarted), the agent keeps working; the broker back on its port,
     the daemon is ready again. Default probe timing."""
-    broker_port, metrics_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{metrics_port}"
-    embedded = EmbeddedBroker(tmp_short, broker_port).start()
-    daemon = daemon_on(tmp_short, broker_port, metrics_port, "caliband.default.stopped").start()
-    try:
-        wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready")
-        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=100")
-        agent = daemon.records()[agent_id]
-
-        embedded.stop()
-        why = unready_but_live(url, daemon, agent)
+    with outage_stage(tmp_short, "caliband.default.stopped") as stage:
+        stage.broker.stop()
+        why = stage.unready_but_live()
         assert why.startswith(
             ("the consumer lost its broker connection", "the consumer's broker does not answer")
         ), why
         assert "Connection refused" in why, why  # the broker's own error
 
-        embedded = EmbeddedBroker(tmp_short, broker_port).start()
-        ready_again(url, daemon, agent)
-    finally:
-        daemon.stop()
-        embedded.stop()
+        stage.broker = EmbeddedBroker(tmp_short, stage.broker.port).start()
+        stage.ready_again()
 
 
+@pytest.mark.slow
 def test_a_daemon_whose_broker_stops_answering_is_unready_until_it_answers_again(
     tmp_short: Path,
 ) -> None:
@@ -149,24 +168,13 @@ def test_a_daemon_whose_broker_stops_answering_is_unready_until_it_answers_again
     SIGSTOP, as a partitioned or hung broker looks): the consumer's worker does not
     notice, its fresh-connection check times out, and /readyz says so; /healthz and the
     agent are untouched; thawed, the daemon is ready again. Default probe timing."""
-    broker_port, metrics_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{metrics_port}"
-    embedded = EmbeddedBroker(tmp_short, broker_port).start()
-    daemon = daemon_on(tmp_short, broker_port, metrics_port, "caliband.default.frozen").start()
-    try:
-        wait_until(lambda: fetch(url + "/readyz")[0] == 200, 90, "the daemon ready")
-        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=100")
-        agent = daemon.records()[agent_id]
-
-        os.kill(embedded.pid, signal.SIGSTOP)
+    with outage_stage(tmp_short, "caliband.default.frozen") as stage:
+        os.kill(stage.broker.pid, signal.SIGSTOP)
         try:
-            why = unready_but_live(url, daemon, agent)
+            why = stage.unready_but_live()
         finally:
-            os.kill(embedded.pid, signal.SIGCONT)
+            os.kill(stage.broker.pid, signal.SIGCONT)
         assert why.startswith("the consumer's broker does not answer: "), why
         assert "Timeout" in why, why
 
-        ready_again(url, daemon, agent)
-    finally:
-        daemon.stop()
-        embedded.stop()
+        stage.ready_again()
