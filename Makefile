@@ -4,6 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The suite runs on this many pytest-xdist workers, one module per worker at a time
+# (module fixtures start whole stacks); tests/conftest.py gives every worker but the first
+# its own Redis, PostgreSQL database and temp dir. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: env demo test check lint typecheck pytest services bench bench-quick clean
 
@@ -30,7 +34,7 @@ typecheck: env
 	$(VENV)/bin/mypy
 
 pytest: env services
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 check: lint typecheck
 
