@@ -29,7 +29,9 @@ def daemon_container(monkeypatch: pytest.MonkeyPatch, log_format: str) -> dict[s
     monkeypatch.setenv("DRAIN_LOG_FORMAT", log_format)
     settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
     # The Sandbox body is built from the object alone; no ledger call is made.
-    reconciler = Reconciler(kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings)
+    reconciler = Reconciler(
+        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
+    )
     body = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     return cast(dict[str, Any], container)
