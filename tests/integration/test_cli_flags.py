@@ -316,6 +316,7 @@ def test_log_level_is_the_only_spelling() -> None:
     assert spellings == {
         "drainctl audit": [("--log-level", False)],
         "drainctl daemon": [("--log-level", False)],
+        "drainctl flower": [("--log-level", False)],
         "drainctl dev cluster": [("--log-level", False)],
         "drainctl dev controller": [("--log-level", False)],
         "drainctl dev up": [("--log-level", False)],
