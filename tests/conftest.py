@@ -22,15 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.devcluster.broker import free_port
 from tests.support import DaemonProcess, short_tmp
 
 _private_redis: subprocess.Popen[bytes] | None = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_listening(port: int) -> None:
@@ -91,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = str(own_tmp)
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     if shutil.which("redis-server") is not None:
-        port = _free_port()
+        port = free_port()
         _private_redis = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
              "--appendonly", "no"],

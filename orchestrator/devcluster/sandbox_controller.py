@@ -46,7 +46,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.devcluster import csi
+from orchestrator.devcluster.broker import free_port
 from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
 from worker_agent import reaper
 from worker_agent.children import dying_with_this_process
@@ -206,12 +206,6 @@ def should_run(version: str, sandbox: dict[str, Any]) -> bool:
 DAEMON_METRICS_DIR = "daemon-metrics"
 """Where each pod's daemon's ``/metrics`` URL is written, one file per Sandbox
 (``<namespace>.<name>``), rewritten when its pod is started again."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def empty_dir(state_dir: Path, sandbox_uid: str, volume: str) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,12 +24,6 @@ from worker_agent.proto import AgentRecord
 from worker_agent.testing import Subprocess
 
 NOT_CONNECTED_YET = "the consumer is not connected to the broker yet: "
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def agents_live(url: str) -> float:
@@ -57,7 +50,7 @@ class EmbeddedBroker(Subprocess):
 def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
     tmp_short: Path,
 ) -> None:
-    broker_port, metrics_port = free_port(), free_port()
+    broker_port, metrics_port = broker.free_port(), broker.free_port()
     url = f"http://127.0.0.1:{metrics_port}"
     daemon = DaemonProcess(
         tmp_short, "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
@@ -120,7 +113,7 @@ class Outage:
 
 @contextlib.contextmanager
 def outage_stage(root: Path, queue: str) -> Iterator[Outage]:
-    broker_port, metrics_port = free_port(), free_port()
+    broker_port, metrics_port = broker.free_port(), broker.free_port()
     broker_url = f"redis://127.0.0.1:{broker_port}/0"
     url = f"http://127.0.0.1:{metrics_port}"
     embedded = EmbeddedBroker(root, broker_port).start()
