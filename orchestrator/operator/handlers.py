@@ -9,7 +9,8 @@ nothing itself: every branch taken here is on a value a ``lifecycle`` function r
 - a timer per task reconciles level-triggered: provisioning, Running once the daemon
   reports live agents, recovery of a daemon that restarted, idle pause,
   ``spec.lifecycle.suspend``, the wake annotation, a pause's drain → record → Sandbox
-  suspend, and resume on re-activation;
+  suspend, and resume on re-activation; a task created suspended, which gets nothing
+  (no PVC, Sandbox or operation) until the spec un-suspends it;
 - the delete handler is the drain finalizer (``crd.FINALIZER``): drain, record,
   ``status.checkpointRef``, retain the PVC, release — or, past ``drainTimeout``, a
   forced checkpoint and a Warning event. Deletion never wedges.
@@ -45,6 +46,7 @@ from orchestrator.ledger import (
 from orchestrator.ledger.models import TERMINAL_STATES
 from orchestrator.operator import crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator.lifecycle import (
+    CREATED_SUSPENDED,
     AgentCounts,
     Availability,
     AvailabilityDecision,
@@ -249,7 +251,7 @@ class Reconciler:
         """``Ready`` from where the pass left the task (its phase, the heartbeat read)."""
         phase = self.status.get("phase")
         why = None if phase == Phase.RUNNING else self.status.get("message")
-        self.apply_condition(readiness(phase, self.counts, why))
+        self.apply_condition(readiness(phase, self.counts, why, self.status.get("pausedBy")))
 
     # -- names
 
@@ -280,16 +282,21 @@ class Reconciler:
         try:
             spec = parse_spec(dict(self.body.spec or {}))
         except SpecError as exc:
-            self.set_condition("SpecValid", False, "InvalidSpec", str(exc))
+            self.set_condition("SpecValid", False, exc.reason, str(exc))
             if self.status.get("phase") != Phase.FAILED:
-                kopf.warn(self.body, reason="InvalidSpec", message=str(exc))
+                kopf.warn(self.body, reason=exc.reason, message=str(exc))
             self.set_phase(Phase.FAILED, str(exc))
             return
         self.set_condition("SpecValid", True, "Valid", "spec accepted")
         self.set_status(observedGeneration=self.meta.get("generation"))
         phase = self.status.get("phase")
         if phase in (None, Phase.PENDING):
-            await self.provision(spec)
+            wanted = wanted_transition(spec, phase, None, self.wake_value(),
+                                       self.status.get("lastWake"))  # fmt: skip
+            if wanted is Wanted.HOLD:
+                await self.hold_created_suspended(spec)
+            else:
+                await self.provision(spec)
         elif phase in (Phase.PROVISIONING, Phase.RESUMING):
             await self.await_running(spec)
         elif phase == Phase.RUNNING:
@@ -324,13 +331,7 @@ class Reconciler:
         if spec.resume_from is not None:
             restore_from = await _ledger_call(self.ledger.get_checkpoint, spec.resume_from)
             if restore_from is None:
-                message = (
-                    f"spec.resumeFrom.checkpointRef: unknown checkpoint ref "
-                    f"{spec.resume_from!r} (not in the ledger)"
-                )
-                self.set_condition("SpecValid", False, "UnknownCheckpoint", message)
-                kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
-                self.set_phase(Phase.FAILED, message)
+                self.unknown_checkpoint(spec.resume_from)
                 return
             found = await self.restore_source(restore_from, spec)
             if isinstance(found, NotYet):
@@ -367,6 +368,29 @@ class Reconciler:
             self.set_phase(Phase.RESUMING, f"restoring from checkpoint {restore_from.ref}")
             return
         self.set_phase(Phase.PROVISIONING, "waiting for the daemon to report its agents")
+
+    def unknown_checkpoint(self, ref: str) -> None:
+        message = (
+            f"spec.resumeFrom.checkpointRef: unknown checkpoint ref {ref!r} (not in the ledger)"
+        )
+        self.set_condition("SpecValid", False, "UnknownCheckpoint", message)
+        kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
+        self.set_phase(Phase.FAILED, message)
+
+    async def hold_created_suspended(self, spec: TaskSpec) -> None:
+        """A task created with ``suspend: true``: nothing is created or started until the
+        spec says ``false`` (``wanted_transition``). A ``resumeFrom`` naming no checkpoint
+        fails now, as it would on start; its workspace is judged and claimed on start."""
+        ref = spec.resume_from
+        if ref is not None and await _ledger_call(self.ledger.get_checkpoint, ref) is None:
+            self.unknown_checkpoint(ref)
+            return
+        then = f"restore checkpoint {spec.resume_from}" if spec.resume_from else "start it"
+        self.set_status(agents=0, pausedBy=CREATED_SUSPENDED)
+        self.set_phase(Phase.SUSPENDED, (
+            "created suspended (spec.lifecycle.suspend is true): nothing started; set "
+            f"suspend to false (drainctl wake) to {then}"
+        ))  # fmt: skip
 
     async def restore_source(
         self, checkpoint: CheckpointView, spec: TaskSpec
@@ -979,6 +1003,10 @@ class Reconciler:
         wanted = wanted_transition(
             spec, Phase.SUSPENDED, self.status.get("pausedBy"), wake, self.status.get("lastWake")
         )
+        if wanted is Wanted.START:
+            self.set_status(pausedBy=None, lastWake=wake)
+            await self.provision(spec)
+            return
         if wanted is not Wanted.RESUME:
             return
         ref = self.status.get("checkpointRef")
@@ -1040,7 +1068,7 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
         action = decide_delete(
             spec, phase=r.status.get("phase"), checkpoint_ref=checkpoint_ref,
             op_state=op.state if op else None, drain_started=op.created_at if op else None,
-            now=_now(),
+            now=_now(), paused_by=r.status.get("pausedBy"),
         )  # fmt: skip
         if action is DeleteAction.RELEASE:
             why = "onDelete: delete" if spec and spec.on_delete == "delete" else "nothing ran"

@@ -10,7 +10,8 @@ which the operator turns into phase ``Failed`` with a condition, and keeps servi
 
 The decisions: what the drain finalizer does next (``decide_delete``), how long a task
 has been idle and whether to idle-pause (``idle_secs``, ``should_idle_pause``), what the
-user asked for through kubectl (``wanted_transition``), what a task waiting for its
+user asked for through kubectl (``wanted_transition``: pause, resume, and a task
+created suspended that starts nothing until resumed), what a task waiting for its
 daemon does (``launch_step``: Running, or resume a daemon that came back with stopped
 agents), which condition a finished resume earns (``resume_outcome``), and the
 idempotency key of each operation (``operation_key``). Names on the wire come from
@@ -36,10 +37,20 @@ from orchestrator.operator.crd import (
 )
 from worker_agent.contract import says_checkpoint_mismatch
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_UNIT_SECS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+ON_DELETE_VALUES: Final = ("checkpoint", "delete")
+"""``spec.lifecycle.onDelete``, compared case-insensitively: caliban-operator's schema
+takes any string, and its users write ``Checkpoint``/``Delete`` too."""
+
+MAX_PROMPT_BYTES: Final = 128 * 1024 - len("CALIBAN_INITIAL_PROMPT=") - 1
+"""The longest ``spec.task.prompt`` (UTF-8 bytes) the daemon can pass on: it reaches the
+daemon as one argument (``--initial-prompt``) and each agent as the environment entry
+``CALIBAN_INITIAL_PROMPT=<prompt>``, and Linux refuses to exec a process with any single
+argument or entry over 128 KiB (``MAX_ARG_STRLEN``, counting its NUL). A longer prompt
+would leave every agent failing to launch, so ``parse_spec`` refuses it instead."""
 
 
 class Phase(StrEnum):
@@ -60,11 +71,18 @@ class SpecError(ValueError):
         super().__init__(f"spec.{field}: {message}")
         self.field = field
 
+    @property
+    def reason(self) -> str:
+        """The condition and event reason naming the field: ``lifecycle.onDelete`` →
+        ``InvalidLifecycleOnDelete``."""
+        words = re.split(r"[^A-Za-z0-9]+", self.field)
+        return "Invalid" + "".join(w[:1].upper() + w[1:] for w in words if w)
+
 
 def parse_duration(value: object, field: str) -> float:
-    """``"90s"``, ``"2m"``, ``"1h30m"``, ``"500ms"`` → seconds."""
+    """``"90s"``, ``"2m"``, ``"1h30m"``, ``"500ms"``, ``"1d"`` → seconds."""
     if not isinstance(value, str) or not _DURATION.match(value):
-        raise SpecError(field, f"{value!r} is not a duration like 30s, 2m or 1h30m")
+        raise SpecError(field, f"{value!r} is not a duration like 30s, 2m, 1h30m or 1d")
     return sum(float(n) * _UNIT_SECS[unit] for n, unit in _DURATION_PART.findall(value))
 
 
@@ -84,9 +102,19 @@ class TaskSpec:
     storage: str
 
 
+def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
+    """``section[key]``, or ``default`` where it is absent or null: caliban-operator's
+    schema makes its fields nullable, and a null means unset (the API server prunes it
+    under our schema, which declares those fields non-nullable)."""
+    value = section.get(key)
+    return default if value is None else value
+
+
 def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     """Validate and default a spec the way the CRD schema does, for objects that reach the
-    operator without it (an older CRD, a server without structural defaults)."""
+    operator without it (an older CRD, a server without structural defaults), and refuse
+    what caliban-operator's schema admits but this operator cannot honour (an unknown
+    ``onDelete``, an unreadable ``idleTimeout``, a prompt over ``MAX_PROMPT_BYTES``)."""
     task = spec.get("task") or {}
     lifecycle = spec.get("lifecycle") or {}
     resume_from = spec.get("resumeFrom") or {}
@@ -98,35 +126,44 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     ):  # fmt: skip
         if not isinstance(section, dict):
             raise SpecError(name, f"must be an object, not {type(section).__name__}")
-    agents = task.get("agents", 1)
+    agents = _value_or(task, "agents", 1)
     if not isinstance(agents, int) or isinstance(agents, bool) or not 1 <= agents <= 64:
         raise SpecError("task.agents", f"{agents!r} is not a whole number from 1 to 64")
-    provider = task.get("provider", "scripted")
+    provider = _value_or(task, "provider", "scripted")
     if not isinstance(provider, str) or not provider:
         raise SpecError("task.provider", f"{provider!r} is not a provider name")
-    model = task.get("model", "")
+    model = _value_or(task, "model", "")
     if not isinstance(model, str):
         raise SpecError("task.model", f"{model!r} is not a string")
     prompt = task.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise SpecError("task.prompt", f"{prompt!r} is not a string")
+    if prompt is not None and len(prompt.encode()) > MAX_PROMPT_BYTES:
+        raise SpecError("task.prompt", (
+            f"{len(prompt.encode())} bytes is longer than the {MAX_PROMPT_BYTES} bytes the "
+            "daemon can pass to an agent (a process argument is capped at 128 KiB); "
+            "shorten it, or put the long text in the workspace and point the prompt at it"
+        ))  # fmt: skip
     idle = lifecycle.get("idleTimeout")
     idle_timeout = None if idle is None else parse_duration(idle, "lifecycle.idleTimeout")
-    on_delete = lifecycle.get("onDelete", "checkpoint")
-    if on_delete not in ("checkpoint", "delete"):
+    on_delete = _value_or(lifecycle, "onDelete", "checkpoint")
+    if not isinstance(on_delete, str) or on_delete.lower() not in ON_DELETE_VALUES:
         raise SpecError("lifecycle.onDelete", f"{on_delete!r} is not checkpoint or delete")
-    grace = parse_duration(lifecycle.get("drainGracePeriod", "30s"), "lifecycle.drainGracePeriod")
-    timeout = parse_duration(lifecycle.get("drainTimeout", "2m"), "lifecycle.drainTimeout")
-    suspend = lifecycle.get("suspend", False)
+    on_delete = on_delete.lower()
+    grace = parse_duration(
+        _value_or(lifecycle, "drainGracePeriod", "30s"), "lifecycle.drainGracePeriod"
+    )
+    timeout = parse_duration(_value_or(lifecycle, "drainTimeout", "2m"), "lifecycle.drainTimeout")
+    suspend = _value_or(lifecycle, "suspend", False)
     if not isinstance(suspend, bool):
         raise SpecError("lifecycle.suspend", f"{suspend!r} is not true or false")
     ref = resume_from.get("checkpointRef")
     if ref is not None and (not isinstance(ref, str) or not _LABEL_VALUE.match(ref)):
         raise SpecError("resumeFrom.checkpointRef", f"{ref!r} is not a checkpoint ref")
-    api_version = sandbox.get("apiVersion", SANDBOX_V1ALPHA1)
+    api_version = _value_or(sandbox, "apiVersion", SANDBOX_V1ALPHA1)
     if api_version not in SANDBOX_API_VERSIONS:
         raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
-    storage = workspace.get("storage", "1Gi")
+    storage = _value_or(workspace, "storage", "1Gi")
     return TaskSpec(
         agents=agents,
         provider=provider,
@@ -201,6 +238,11 @@ class DeleteAction(StrEnum):
     """Drain failed or timed out: record a forced checkpoint, warn, release."""
 
 
+CREATED_SUSPENDED: Final = "created-suspended"
+"""``status.pausedBy`` of a task created with ``spec.lifecycle.suspend: true``: it never
+started, so it has no checkpoint to resume from (beside ``idle`` and ``manual``)."""
+
+
 NEVER_RAN = frozenset({None, Phase.PENDING, Phase.FAILED})
 """Phases in which no agent ever ran for the task: a Failed task failed before it
 provisioned (a bad spec, an unknown checkpoint), or its restore refused the workspace
@@ -215,17 +257,19 @@ def decide_delete(
     op_state: OperationState | None,
     drain_started: datetime | None,
     now: datetime,
+    paused_by: str | None = None,
 ) -> DeleteAction:
     """What the drain finalizer does next for a task being deleted.
 
     ``spec`` is None for a task whose spec never parsed (nothing of it ran, nothing to
     keep); ``checkpoint_ref`` is ``status.checkpointRef``; ``op_state`` is the ledger
-    state of this deletion's drain, None if not begun, and ``drain_started`` its start.
+    state of this deletion's drain, None if not begun, and ``drain_started`` its start;
+    ``paused_by`` is ``status.pausedBy``: a task ``CREATED_SUSPENDED`` never ran either.
     """
     if spec is None or spec.on_delete == "delete":
         return DeleteAction.RELEASE
     if op_state is None:
-        if phase in NEVER_RAN:
+        if phase in NEVER_RAN or (phase == Phase.SUSPENDED and paused_by == CREATED_SUSPENDED):
             return DeleteAction.RELEASE
         if phase == Phase.SUSPENDED and checkpoint_ref:
             return DeleteAction.KEEP_PAUSE_CHECKPOINT
@@ -330,6 +374,12 @@ def should_idle_pause(
 class Wanted(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
+    HOLD = "hold"
+    """A task not provisioned yet whose spec says ``suspend: true``: create nothing, phase
+    Suspended (``CREATED_SUSPENDED``), until the spec says ``false``."""
+    START = "start"
+    """A task created suspended is un-suspended: provision it as a new task would be (its
+    initial agents, or the restore of ``spec.resumeFrom``)."""
     NOTHING = "nothing"
 
 
@@ -346,11 +396,23 @@ def wanted_transition(
     ``spec.suspend``); ``false`` resumes one that was paused that way. The wake
     annotation resumes an idle-paused task once per new value (what an attach does).
     A task paused by ``suspend: true`` stays paused until the spec says otherwise.
+
+    A task created with ``suspend: true`` starts nothing until resumed, as a Job created
+    suspended never starts a pod (``HOLD``, then ``START``). Not even its workspace PVC
+    or its Sandbox (suspended) is created: a queued task should hold no storage, and a
+    restore claims its checkpoint's retained PVC for itself alone, which a task that
+    runs nothing must not keep from others; deleting it then has nothing to release.
+    ``suspend: false`` (``drainctl wake`` sets it) starts it; the wake annotation alone
+    does not, as for any task paused by ``suspend: true``.
     """
+    if phase in (None, Phase.PENDING):
+        return Wanted.HOLD if spec.suspend else Wanted.NOTHING
     if spec.suspend:
         return Wanted.PAUSE if phase == Phase.RUNNING else Wanted.NOTHING
     if phase != Phase.SUSPENDED:
         return Wanted.NOTHING
+    if paused_by == CREATED_SUSPENDED:
+        return Wanted.START
     if paused_by == "manual":
         return Wanted.RESUME
     if wake_value and wake_value != last_wake:
@@ -704,18 +766,28 @@ _NOT_READY_IN: Final[dict[str | None, tuple[str, str]]] = {
 """Every phase but Running: why the task is not Ready, and what that means."""
 
 
+_NEVER_STARTED: Final = ("Paused", "created suspended: nothing started")
+"""Why a task ``CREATED_SUSPENDED`` is not Ready: paused, though nothing was drained."""
+
+
 def readiness(
-    phase: str | None, counts: AgentCounts | None, why: str | None = None
+    phase: str | None,
+    counts: AgentCounts | None,
+    why: str | None = None,
+    paused_by: str | None = None,
 ) -> ConditionChange:
     """The ``Ready`` condition: True exactly when the task is Running and every one of
     its agents is live by the daemon's latest heartbeat.
 
     ``counts`` is that heartbeat as this pass read it (None: none read); ``why`` is the
-    status message, added to the message of a phase that is not Running. A Running task
-    whose heartbeat was not read this pass (it has just come back from a pause that
-    failed) is ``Unknown`` until the next pass reads one, never True on trust."""
+    status message, added to the message of a phase that is not Running; ``paused_by``
+    is ``status.pausedBy``. A Running task whose heartbeat was not read this pass (it
+    has just come back from a pause that failed) is ``Unknown`` until the next pass
+    reads one, never True on trust."""
     if phase != Phase.RUNNING:
         reason, meaning = _NOT_READY_IN.get(phase, ("Pending", f"phase {phase}"))
+        if phase == Phase.SUSPENDED and paused_by == CREATED_SUSPENDED:
+            reason, meaning = _NEVER_STARTED
         return ConditionChange(READY, False, reason, f"{meaning}: {why}" if why else meaning)
     if counts is None:
         return ConditionChange(

@@ -142,8 +142,13 @@ def test_kubectl_patch_suspend_pauses_and_resumes(stack: DevStack) -> None:
 def test_deleting_a_suspended_task_keeps_its_pause_checkpoint_without_a_second_drain(
     stack: DevStack,
 ) -> None:
-    manifest = task_manifest("resting", agents=1, model="turns=2,turn_ms=20", suspend=True)
+    # Created running, then paused: a task created suspended never runs (and has nothing
+    # to keep: tests/e2e/test_created_suspended.py).
+    manifest = task_manifest("resting", agents=1, model="turns=2,turn_ms=20")
     assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "resting", "Running", timeout=120)
+    stack.kubectl("patch", "ctask", "resting", "--type", "merge", "-p",
+                  '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
     stack.wait_phase("default", "resting", "Suspended", timeout=120)
     ref = stack.status("default", "resting")["checkpointRef"]
     pvc = stack.pvc_of("resting", "default")
@@ -169,26 +174,41 @@ def test_on_delete_delete_releases_without_a_checkpoint(stack: DevStack) -> None
 
 
 @pytest.mark.parametrize(
-    ("name", "lifecycle", "task", "field"),
+    ("name", "lifecycle", "task", "field", "reason"),
     [
-        ("bad-idle", {"idleTimeout": "banana"}, {}, "idleTimeout"),
-        ("bad-ondelete", {"onDelete": "maybe"}, {}, "onDelete"),
-        ("bad-agents", {}, {"agents": -1}, "agents"),
+        # caliban-operator's schema admits any string here, so ours does too and the
+        # operator refuses it: condition SpecValid False and a Warning event.
+        ("bad-idle", {"idleTimeout": "banana"}, {}, "idleTimeout", "InvalidLifecycleIdleTimeout"),
+        ("bad-ondelete", {"onDelete": "maybe"}, {}, "onDelete", "InvalidLifecycleOnDelete"),
+        ("bad-agents", {}, {"agents": -1}, "agents", None),  # the CRD schema refuses it
     ],
 )
 def test_malformed_specs_are_refused_naming_the_field(
-    stack: DevStack, name: str, lifecycle: dict[str, str], task: dict[str, int], field: str
+    stack: DevStack,
+    name: str,
+    lifecycle: dict[str, str],
+    task: dict[str, int],
+    field: str,
+    reason: str | None,
 ) -> None:
     """Tried: idleTimeout banana, onDelete maybe, agents -1."""
     manifest = task_manifest(name, agents=1)
     manifest["spec"]["lifecycle"] = lifecycle
     manifest["spec"]["task"].update(task)
     applied = stack.apply(manifest)
-    if applied.returncode != 0:  # the CRD schema said it
+    if reason is None:
+        assert applied.returncode != 0
         assert field in applied.stderr
         return
+    assert applied.returncode == 0, applied.stderr
     stack.wait_phase("default", name, "Failed")
-    assert field in stack.status("default", name)["message"]
+    status = stack.status("default", name)
+    assert field in status["message"]
+    spec_valid = [c for c in status["conditions"] if c["type"] == "SpecValid"]
+    assert [(c["status"], c["reason"]) for c in spec_valid] == [("False", reason)]
+    events = stack.kubectl("get", "events", "--field-selector",
+                           f"involvedObject.name={name}").stdout  # fmt: skip
+    assert reason in events
     stack.kubectl("delete", "ctask", name, timeout=60)
 
 

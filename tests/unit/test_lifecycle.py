@@ -18,7 +18,9 @@ from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
     CRASH_LOOP_LIMIT,
+    CREATED_SUSPENDED,
     HEARTBEATS_MISSED_BEFORE_SILENT,
+    MAX_PROMPT_BYTES,
     RECOVERY_BACKOFF_SECS,
     RECOVERY_STREAK_RESET_SECS,
     AgentCounts,
@@ -72,13 +74,14 @@ def spec(**lifecycle: Any) -> TaskSpec:
 
 @pytest.mark.parametrize(
     ("text", "secs"),
-    [("30s", 30), ("2m", 120), ("1h30m", 5400), ("500ms", 0.5), ("1.5s", 1.5), ("0s", 0)],
-)
+    [("30s", 30), ("2m", 120), ("1h30m", 5400), ("500ms", 0.5), ("1.5s", 1.5), ("0s", 0),
+     ("1d", 86400), ("1d12h", 129600)],
+)  # fmt: skip
 def test_durations(text: str, secs: float) -> None:
     assert parse_duration(text, "f") == secs
 
 
-@pytest.mark.parametrize("text", ["banana", "", "30", "s", "-1s", "1d", 30, None, "1m banana"])
+@pytest.mark.parametrize("text", ["banana", "", "30", "s", "-1s", "1w", 30, None, "1m banana"])
 def test_bad_durations_name_the_field(text: object) -> None:
     with pytest.raises(SpecError, match=r"spec\.lifecycle\.idleTimeout: .* is not a duration"):
         parse_duration(text, "lifecycle.idleTimeout")
@@ -98,6 +101,8 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
     [
         ({"lifecycle": {"idleTimeout": "banana"}}, "lifecycle.idleTimeout"),
         ({"lifecycle": {"onDelete": "maybe"}}, "lifecycle.onDelete"),
+        ({"lifecycle": {"onDelete": 1}}, "lifecycle.onDelete"),
+        ({"task": {"prompt": "p" * (MAX_PROMPT_BYTES + 1)}}, "task.prompt"),
         ({"lifecycle": {"drainGracePeriod": "soon"}}, "lifecycle.drainGracePeriod"),
         ({"lifecycle": {"drainTimeout": 5}}, "lifecycle.drainTimeout"),
         ({"lifecycle": {"suspend": "yes"}}, "lifecycle.suspend"),
@@ -118,6 +123,41 @@ def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None
         parse_spec(bad)
     assert caught.value.field == field
     assert str(caught.value).startswith(f"spec.{field}: ")
+
+
+@pytest.mark.parametrize(
+    ("field", "reason"),
+    [
+        ("lifecycle.onDelete", "InvalidLifecycleOnDelete"),
+        ("task.prompt", "InvalidTaskPrompt"),
+        ("resumeFrom.checkpointRef", "InvalidResumeFromCheckpointRef"),
+        ("task", "InvalidTask"),
+    ],
+)
+def test_a_spec_error_reason_names_its_field(field: str, reason: str) -> None:
+    assert SpecError(field, "bad").reason == reason
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"lifecycle": {"onDelete": "Checkpoint"}}, {"on_delete": "checkpoint"}),
+        ({"lifecycle": {"onDelete": "Delete"}}, {"on_delete": "delete"}),
+        ({"lifecycle": {"idleTimeout": "1d"}}, {"idle_timeout_secs": 86400.0}),
+        ({"lifecycle": {"onDelete": None, "idleTimeout": None, "drainTimeout": None}},
+         {"on_delete": "checkpoint", "idle_timeout_secs": None, "drain_timeout_secs": 120}),
+        ({"task": {"agents": None, "provider": None, "prompt": None}},
+         {"agents": 1, "provider": "scripted", "prompt": None}),
+        ({"lifecycle": None, "task": None}, {"on_delete": "checkpoint", "agents": 1}),
+    ],
+)  # fmt: skip
+def test_upstream_values_and_nulls_keep_their_meaning(
+    given: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    """caliban-operator's schema admits any case of onDelete, days in idleTimeout, and a
+    null for every field (meaning unset)."""
+    parsed = parse_spec(given)
+    assert {name: getattr(parsed, name) for name in expected} == expected
 
 
 # -------------------------------------------------------------------- delete finalizer
@@ -849,3 +889,100 @@ def test_ready_keeps_its_transition_time_while_its_status_holds() -> None:
     assert kept == [{**later, "lastTransitionTime": "2026-12-02T12:00:00Z"}]
     paused = condition("Ready", False, "Paused", "paused", NOW + timedelta(minutes=9), 3)
     assert merge_conditions(kept, paused) == [paused]
+
+
+# ------------------------------------------------------------------ created suspended
+
+
+@pytest.mark.parametrize(
+    ("suspend", "phase", "paused_by", "wake", "last_wake", "wanted"),
+    [
+        pytest.param(True, None, None, None, None, Wanted.HOLD, id="new-suspended-holds"),
+        pytest.param(True, Phase.PENDING, None, None, None, Wanted.HOLD,
+                     id="pending-suspended-holds"),
+        pytest.param(True, None, None, "t1", None, Wanted.HOLD, id="new-suspended-wake-holds"),
+        pytest.param(False, None, None, None, None, Wanted.NOTHING, id="new-provisions"),
+        pytest.param(False, Phase.PENDING, None, "t1", None, Wanted.NOTHING,
+                     id="pending-provisions"),
+        pytest.param(True, Phase.SUSPENDED, CREATED_SUSPENDED, None, None, Wanted.NOTHING,
+                     id="still-suspended-stays"),
+        pytest.param(True, Phase.SUSPENDED, CREATED_SUSPENDED, "t1", None, Wanted.NOTHING,
+                     id="wake-alone-does-not-start"),
+        pytest.param(False, Phase.SUSPENDED, CREATED_SUSPENDED, None, None, Wanted.START,
+                     id="suspend-false-starts"),
+        pytest.param(False, Phase.SUSPENDED, CREATED_SUSPENDED, "t1", "t0", Wanted.START,
+                     id="drainctl-wake-starts"),
+        pytest.param(False, Phase.SUSPENDED, "manual", None, None, Wanted.RESUME,
+                     id="a-paused-task-resumes-not-starts"),
+    ],
+)  # fmt: skip
+def test_a_task_created_suspended_starts_nothing_until_resumed(
+    suspend: bool, phase: str | None, paused_by: str | None, wake: str | None,
+    last_wake: str | None, wanted: Wanted,
+) -> None:  # fmt: skip
+    task = spec(suspend=suspend)
+    assert wanted_transition(task, phase, paused_by, wake, last_wake) is wanted
+
+
+def test_a_restore_created_suspended_holds_too() -> None:
+    task = parse_spec({"lifecycle": {"suspend": True}, "resumeFrom": {"checkpointRef": "ck-1"}})
+    assert wanted_transition(task, None, None, None, None) is Wanted.HOLD
+
+
+@pytest.mark.parametrize(
+    ("on_delete", "state", "ref", "expected"),
+    [
+        pytest.param("checkpoint", None, None, DeleteAction.RELEASE, id="never-started"),
+        pytest.param("checkpoint", None, "ck-1", DeleteAction.RELEASE,
+                     id="never-started-whatever-the-ref"),
+        pytest.param("delete", None, None, DeleteAction.RELEASE, id="on-delete-delete"),
+        pytest.param("checkpoint", OperationState.DRAINING, None, DeleteAction.WAIT,
+                     id="a-drain-begun-is-followed"),
+        pytest.param("checkpoint", OperationState.RECORDED, None, DeleteAction.RECORDED,
+                     id="a-drain-recorded-is-kept"),
+    ],
+)  # fmt: skip
+def test_deleting_a_task_created_suspended_releases_at_once(
+    on_delete: str, state: OperationState | None, ref: str | None, expected: DeleteAction
+) -> None:
+    task = spec(onDelete=on_delete, suspend=True)
+    action = decide_delete(
+        task, phase=Phase.SUSPENDED, checkpoint_ref=ref, op_state=state,
+        drain_started=NOW - timedelta(seconds=10), now=NOW, paused_by=CREATED_SUSPENDED,
+    )  # fmt: skip
+    assert action is expected
+
+
+@pytest.mark.parametrize(
+    ("paused_by", "expected"),
+    [(None, DeleteAction.START_DRAIN), ("manual", DeleteAction.START_DRAIN),
+     ("idle", DeleteAction.START_DRAIN)],
+)  # fmt: skip
+def test_a_suspended_task_that_ran_without_a_checkpoint_is_still_drained(
+    paused_by: str | None, expected: DeleteAction
+) -> None:
+    action = decide_delete(
+        spec(), phase=Phase.SUSPENDED, checkpoint_ref=None, op_state=None, drain_started=None,
+        now=NOW, paused_by=paused_by,
+    )  # fmt: skip
+    assert action is expected
+
+
+@pytest.mark.parametrize(
+    ("paused_by", "ready"),
+    [
+        pytest.param(CREATED_SUSPENDED,
+                     ConditionChange("Ready", False, "Paused",
+                                     "created suspended: nothing started: set suspend false"),
+                     id="created-suspended"),
+        pytest.param("manual",
+                     ConditionChange("Ready", False, "Paused",
+                                     "paused: agents drained to a checkpoint, the Sandbox "
+                                     "suspended: set suspend false"),
+                     id="paused"),
+    ],
+)  # fmt: skip
+def test_a_task_created_suspended_is_paused_not_ready_and_says_nothing_started(
+    paused_by: str, ready: ConditionChange
+) -> None:
+    assert readiness(Phase.SUSPENDED, None, "set suspend false", paused_by) == ready

@@ -1,0 +1,85 @@
+"""CalibanTasks written for caliban-operator, applied with the real kubectl to the dev
+stack's embedded defaults (embedded API and broker, SQLite ledger in a temp dir).
+
+Upstream's sample (``tests/fixtures/upstream``, its hosts rewritten to 127.0.0.1) is
+admitted and stored with every field it sets; values upstream's schema admits keep their
+meaning (``onDelete: Checkpoint`` drains into a checkpoint on delete, ``idleTimeout: 1d``
+is a day); a value we cannot honour (``onDelete: maybe``) is admitted by the schema, as
+upstream's admits it, and refused by the operator: condition SpecValid False with a
+reason naming the field, and a Warning event.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import upstream
+from tests.e2e.support import DevStack, task_manifest
+from tests.support import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    root = Path(tempfile.mkdtemp(prefix="cd-upstream-", dir="/tmp"))
+    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db")
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def spec_valid(status: dict[str, Any]) -> tuple[str, str]:
+    found = [c for c in status.get("conditions") or [] if c.get("type") == "SpecValid"]
+    assert len(found) == 1, status
+    return found[0]["status"], found[0]["reason"]
+
+
+def test_upstream_sample_is_admitted_with_every_field_it_sets(stack: DevStack) -> None:
+    sample = upstream.local_samples()["calibantask.yaml"]
+    namespace = sample["metadata"]["namespace"]
+    stack.kubectl("create", "namespace", namespace)
+    applied = stack.apply(sample)
+    assert applied.returncode == 0, applied.stderr
+    assert "unknown field" not in applied.stderr
+    stored = stack.task(namespace, sample["metadata"]["name"])
+    assert stored is not None
+    for field in ("workspaceRef", "providerRef", "task"):
+        kept = stored["spec"][field]
+        assert kept == sample["spec"][field] or (
+            isinstance(kept, dict) and kept.items() >= sample["spec"][field].items()
+        ), field
+    stack.kubectl("delete", "ctask", sample["metadata"]["name"], "-n", namespace, timeout=120)
+
+
+def test_on_delete_checkpoint_in_upstream_case_drains_into_a_checkpoint(stack: DevStack) -> None:
+    manifest = task_manifest("capital", agents=1, onDelete="Checkpoint", idleTimeout="1d")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", "capital", "Running")
+    status = stack.status("default", "capital")
+    assert spec_valid(status) == ("True", "Valid")
+    stored = stack.task("default", "capital")
+    assert stored is not None
+    assert stored["spec"]["lifecycle"]["onDelete"] == "Checkpoint"  # kept as written
+    stack.kubectl("delete", "ctask", "capital", timeout=120)
+    wait_until(lambda: stack.task("default", "capital") is None, timeout=60)
+    assert stack.ledger.latest_checkpoint("default", "capital") is not None
+
+
+def test_an_on_delete_we_cannot_honour_is_refused_by_the_operator(stack: DevStack) -> None:
+    applied = stack.apply(task_manifest("maybe", agents=1, onDelete="maybe"))
+    assert applied.returncode == 0, applied.stderr  # the schema admits it, as upstream's
+    stack.wait_phase("default", "maybe", "Failed")
+    status = stack.status("default", "maybe")
+    assert spec_valid(status) == ("False", "InvalidLifecycleOnDelete")
+    assert "spec.lifecycle.onDelete" in status["message"]
+    warnings = [e for e in stack.events_of("maybe") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["InvalidLifecycleOnDelete"]
+    assert "spec.lifecycle.onDelete: 'maybe' is not checkpoint or delete" in warnings[0]["message"]
+    stack.kubectl("delete", "ctask", "maybe", timeout=60)
