@@ -78,6 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in METRICS_OFF:
         os.environ.setdefault(name, "0")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # DRAIN_TEST_ISOLATE=<name> gives every worker, gw0 too, its own servers and temp dir,
+    # so two suites (two checkouts) can run side by side on one machine.
+    if isolate := os.environ.get("DRAIN_TEST_ISOLATE"):
+        worker = f"{isolate}_{worker or 'main'}"
     if worker in (None, "gw0"):
         return
     assert worker is not None
