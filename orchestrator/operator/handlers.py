@@ -998,6 +998,19 @@ class Reconciler:
             self.set_status(pausedBy=None)
             self.set_phase(Phase.RUNNING, message)
 
+    def wake_held(self, wake: str | None) -> None:
+        """A wake on a task whose spec says ``suspend: true``: the spec wins, so the wake
+        is spent saying what would resume it; an idle pause is the spec's from here on."""
+        message = (
+            f"wake {wake!r} not applied: spec.lifecycle.suspend is true and holds the task "
+            "paused; set it to false (drainctl wake sets both) to resume"
+        )
+        kopf.warn(self.body, reason="WakeHeld", message=message)
+        if self.status.get("pausedBy") == "idle":
+            self.set_status(pausedBy="manual")
+        self.set_status(lastWake=wake)
+        self.set_status(message=message)
+
     async def while_suspended(self, spec: TaskSpec) -> None:
         wake = self.wake_value()
         wanted = wanted_transition(
@@ -1006,6 +1019,14 @@ class Reconciler:
         if wanted is Wanted.START:
             self.set_status(pausedBy=None, lastWake=wake)
             await self.provision(spec)
+            return
+        if wanted is Wanted.WAKE_HELD:
+            self.wake_held(wake)
+            return
+        if wanted is Wanted.ADOPT:
+            self.set_status(pausedBy="manual")
+            self.set_status(message="paused, and spec.lifecycle.suspend is true: it stays "
+                                    "paused until suspend is false (drainctl wake)")  # fmt: skip
             return
         if wanted is not Wanted.RESUME:
             return

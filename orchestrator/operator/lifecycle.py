@@ -380,6 +380,12 @@ class Wanted(StrEnum):
     START = "start"
     """A task created suspended is un-suspended: provision it as a new task would be (its
     initial agents, or the restore of ``spec.resumeFrom``)."""
+    ADOPT = "adopt"
+    """An idle-paused task whose spec now says ``suspend: true``: the spec holds it from
+    here on (``pausedBy: manual``), so ``suspend: false`` is what resumes it."""
+    WAKE_HELD = "wake-held"
+    """A new wake annotation value on a task the spec holds (``suspend: true``): the
+    spec wins, and the wake is spent with a Warning event saying what to set."""
     NOTHING = "nothing"
 
 
@@ -402,20 +408,33 @@ def wanted_transition(
     or its Sandbox (suspended) is created: a queued task should hold no storage, and a
     restore claims its checkpoint's retained PVC for itself alone, which a task that
     runs nothing must not keep from others; deleting it then has nothing to release.
-    ``suspend: false`` (``drainctl wake`` sets it) starts it; the wake annotation alone
-    does not, as for any task paused by ``suspend: true``.
+    ``suspend: false`` (``drainctl wake`` sets it) starts it.
+
+    Both kinds of pause end the same ways. While the spec says ``suspend: true`` it
+    holds the task, whoever paused it: a wake annotation is refused out loud
+    (``WAKE_HELD``), never silently dropped, and an idle-paused task is adopted by the
+    spec (``ADOPT``), so the ``suspend: false`` that follows resumes it. With
+    ``suspend: false``, a task paused by the spec resumes, and an idle-paused one
+    resumes on a new wake value.
     """
+    fresh_wake = bool(wake_value) and wake_value != last_wake
     if phase in (None, Phase.PENDING):
         return Wanted.HOLD if spec.suspend else Wanted.NOTHING
     if spec.suspend:
-        return Wanted.PAUSE if phase == Phase.RUNNING else Wanted.NOTHING
+        if phase == Phase.RUNNING:
+            return Wanted.PAUSE
+        if phase != Phase.SUSPENDED:
+            return Wanted.NOTHING
+        if fresh_wake:
+            return Wanted.WAKE_HELD
+        return Wanted.ADOPT if paused_by == "idle" else Wanted.NOTHING
     if phase != Phase.SUSPENDED:
         return Wanted.NOTHING
     if paused_by == CREATED_SUSPENDED:
         return Wanted.START
     if paused_by == "manual":
         return Wanted.RESUME
-    if wake_value and wake_value != last_wake:
+    if fresh_wake:
         return Wanted.RESUME
     return Wanted.NOTHING
 

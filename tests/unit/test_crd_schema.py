@@ -252,14 +252,18 @@ def test_status_subresource_is_enabled(crd: dict[str, Any]) -> None:
 def test_printer_columns_point_at_real_fields(crd: dict[str, Any], schema: Schema) -> None:
     columns = {c["name"]: c for c in crd_version(crd, "v1alpha1")["additionalPrinterColumns"]}
     assert {"Phase", "Checkpoint", "Age"} <= set(columns)
-    assert list(columns) == ["Phase", "Ready", "Agents", "Live", "Checkpoint", "Idle-Since", "Age"]
+    assert list(columns) == ["Phase", "Ready", "Agents", "Wanted", "Checkpoint", "Idle-Since",
+                             "Age"]  # fmt: skip
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
-    assert columns["Live"]["jsonPath"] == ".status.agents"  # what the daemon reports now
+    # AGENTS is what runs (a restore of 3 agents shows 3), not what a fresh start asks for.
+    assert columns["Agents"]["jsonPath"] == ".status.agents"
+    assert columns["Wanted"]["jsonPath"] == ".spec.task.agents"
     assert columns["Phase"]["jsonPath"] == ".status.phase"
     assert columns["Checkpoint"]["jsonPath"] == ".status.checkpointRef"
     assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"
     assert columns["Age"]["type"] == "date"
-    assert columns["Agents"]["priority"] == 1
+    assert columns["Wanted"]["priority"] == 1
+    assert "priority" not in columns["Agents"]
     assert columns["Idle-Since"]["priority"] == 1
     for column in columns.values():
         assert column.get("description"), column["name"]

@@ -427,7 +427,11 @@ def test_a_heartbeat_without_an_idle_duration_or_receive_stamp_makes_no_idle_dec
     [
         (True, Phase.RUNNING, None, None, None, Wanted.PAUSE),
         (True, Phase.SUSPENDED, "manual", None, None, Wanted.NOTHING),
-        (True, Phase.SUSPENDED, "idle", "t1", None, Wanted.NOTHING),  # suspend beats wake
+        (True, Phase.SUSPENDED, "manual", "t1", None, Wanted.WAKE_HELD),  # said, not dropped
+        (True, Phase.SUSPENDED, "manual", "t1", "t1", Wanted.NOTHING),  # once per value
+        (True, Phase.SUSPENDED, "idle", "t1", None, Wanted.WAKE_HELD),  # suspend beats wake
+        (True, Phase.SUSPENDED, "idle", None, None, Wanted.ADOPT),  # the spec holds it now
+        (True, Phase.SUSPENDED, "idle", "t1", "t1", Wanted.ADOPT),
         (True, Phase.PROVISIONING, None, None, None, Wanted.NOTHING),
         (False, Phase.SUSPENDED, "manual", None, None, Wanted.RESUME),
         (False, Phase.SUSPENDED, "idle", None, None, Wanted.NOTHING),
@@ -906,8 +910,8 @@ def test_ready_keeps_its_transition_time_while_its_status_holds() -> None:
                      id="pending-provisions"),
         pytest.param(True, Phase.SUSPENDED, CREATED_SUSPENDED, None, None, Wanted.NOTHING,
                      id="still-suspended-stays"),
-        pytest.param(True, Phase.SUSPENDED, CREATED_SUSPENDED, "t1", None, Wanted.NOTHING,
-                     id="wake-alone-does-not-start"),
+        pytest.param(True, Phase.SUSPENDED, CREATED_SUSPENDED, "t1", None, Wanted.WAKE_HELD,
+                     id="wake-alone-does-not-start-and-says-so"),
         pytest.param(False, Phase.SUSPENDED, CREATED_SUSPENDED, None, None, Wanted.START,
                      id="suspend-false-starts"),
         pytest.param(False, Phase.SUSPENDED, CREATED_SUSPENDED, "t1", "t0", Wanted.START,
