@@ -100,6 +100,8 @@ class TaskSpec:
     resume_from: str | None
     sandbox_api_version: str
     storage: str
+    sandbox_name: str | None = None
+    """``spec.sandbox.name``: an existing Sandbox to operate on (never created)."""
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
@@ -163,6 +165,11 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     api_version = _value_or(sandbox, "apiVersion", SANDBOX_V1ALPHA1)
     if api_version not in SANDBOX_API_VERSIONS:
         raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
+    existing = sandbox.get("name")
+    if existing is not None and (
+        not isinstance(existing, str) or len(existing) > 63 or not _LABEL_VALUE.match(existing)
+    ):
+        raise SpecError("sandbox.name", f"{existing!r} is not a Sandbox name (a DNS label)")
     storage = _value_or(workspace, "storage", "1Gi")
     return TaskSpec(
         agents=agents,
@@ -177,6 +184,7 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         resume_from=ref,
         sandbox_api_version=api_version,
         storage=str(storage),
+        sandbox_name=existing,
     )
 
 

@@ -116,6 +116,9 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
         ({"task": "all"}, "task"),
         ({"resumeFrom": {"checkpointRef": "Not_A_Ref!"}}, "resumeFrom.checkpointRef"),
         ({"sandbox": {"apiVersion": "v9"}}, "sandbox.apiVersion"),
+        ({"sandbox": {"name": "Not_A_Name"}}, "sandbox.name"),
+        ({"sandbox": {"name": 7}}, "sandbox.name"),
+        ({"sandbox": {"name": "x" * 64}}, "sandbox.name"),
     ],
 )
 def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None:
@@ -986,3 +989,13 @@ def test_a_task_created_suspended_is_paused_not_ready_and_says_nothing_started(
     paused_by: str, ready: ConditionChange
 ) -> None:
     assert readiness(Phase.SUSPENDED, None, "set suspend false", paused_by) == ready
+
+
+@pytest.mark.parametrize(
+    ("spec", "existing"),
+    [({}, None), ({"sandbox": {"name": None}}, None), ({"sandbox": {"name": "mine"}}, "mine")],
+)
+def test_spec_sandbox_name_names_an_existing_sandbox(
+    spec: dict[str, Any], existing: str | None
+) -> None:
+    assert parse_spec(spec).sandbox_name == existing
