@@ -76,6 +76,7 @@ from orchestrator.operator.lifecycle import (
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
+    sandbox_workspace_claim,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -348,14 +349,18 @@ class Reconciler:
             pvc_name = source.pvc_name
         # status.agents counts agents running, from the daemon's heartbeats: none yet.
         sandbox = self.sandbox_of(spec)
-        self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None)
         if self.settings.manage_sandbox and spec.sandbox_name is not None:
-            # An existing Sandbox: operated on (woken here), never created.
-            if await kube.get_sandbox(spec.sandbox_api_version, self.namespace, sandbox) is None:
+            # An existing Sandbox: operated on (woken here), never created; its workspace
+            # is the PVC it mounts.
+            existing = await kube.get_sandbox(spec.sandbox_api_version, self.namespace, sandbox)
+            if existing is None:
                 self.existing_sandbox_missing(sandbox)
                 self.set_phase(Phase.PENDING, f"waiting for Sandbox {sandbox} to exist")
                 return
+            pvc_name = sandbox_workspace_claim(existing) or pvc_name
             self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
+        self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None)
+        if self.settings.manage_sandbox and spec.sandbox_name is not None:
             await kube.patch_sandbox(
                 spec.sandbox_api_version, self.namespace, sandbox,
                 sandbox_suspension_patch(spec.sandbox_api_version, False),

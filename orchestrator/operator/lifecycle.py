@@ -473,6 +473,20 @@ def parse_time(value: object) -> datetime | None:
         return None
 
 
+def sandbox_workspace_claim(sandbox: dict[str, Any]) -> str | None:
+    """The PVC an existing Sandbox (``spec.sandbox.name``) mounts, which is then the
+    task's workspace (its snapshots and checkpoints copy it): the only
+    ``persistentVolumeClaim`` volume of its pod template, or None where it has none or
+    several (then nothing says which one the agents write)."""
+    pod = ((sandbox.get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    claims = [
+        str(v["persistentVolumeClaim"]["claimName"])
+        for v in pod.get("volumes") or []
+        if isinstance(v, dict) and (v.get("persistentVolumeClaim") or {}).get("claimName")
+    ]
+    return claims[0] if len(claims) == 1 else None
+
+
 def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:
     """The Sandbox spec change that stops (or restarts) its pod, per API version."""
     if api_version == SANDBOX_V1BETA1:

@@ -56,6 +56,7 @@ from orchestrator.operator.lifecycle import (
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
+    sandbox_workspace_claim,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -999,3 +1000,24 @@ def test_spec_sandbox_name_names_an_existing_sandbox(
     spec: dict[str, Any], existing: str | None
 ) -> None:
     assert parse_spec(spec).sandbox_name == existing
+
+
+def _with_volumes(*volumes: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"podTemplate": {"spec": {"volumes": list(volumes)}}}}
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "claim"),
+    [
+        ({}, None),
+        (_with_volumes({"name": "run", "emptyDir": {}}), None),
+        (_with_volumes({"name": "w", "persistentVolumeClaim": {"claimName": "ws"}},
+                       {"name": "run", "emptyDir": {}}), "ws"),
+        (_with_volumes({"name": "a", "persistentVolumeClaim": {"claimName": "a"}},
+                       {"name": "b", "persistentVolumeClaim": {"claimName": "b"}}), None),
+    ],
+)  # fmt: skip
+def test_an_existing_sandboxs_workspace_is_its_only_claim(
+    sandbox: dict[str, Any], claim: str | None
+) -> None:
+    assert sandbox_workspace_claim(sandbox) == claim
