@@ -2,8 +2,9 @@
 (``<task>-sa``, ``<task>-netpol``): pure builders, so the shapes are table-tested apart
 from the API calls that create them.
 
-Not yet created by the reconciler: the embedded dev API does not serve NetworkPolicies,
-and the RBAC grants (deploy/base/rbac.yaml, permissions.py) are not in place yet.
+The ServiceAccount is created with the Sandbox (Reconciler.create_sandbox). The
+NetworkPolicy is not yet created: the embedded dev API does not serve NetworkPolicies,
+and no RBAC grant for them is in place yet.
 """
 
 from __future__ import annotations

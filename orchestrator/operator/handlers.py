@@ -44,7 +44,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import TERMINAL_STATES
-from orchestrator.operator import crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import children, crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
     AgentCounts,
@@ -699,6 +699,9 @@ class Reconciler:
         broker = self.settings.daemon_broker_url or self.settings.broker_url
         await kube.ensure_broker_secret(self.namespace, self.settings.daemon_broker_secret,
                                         broker)  # fmt: skip
+        await kube.ensure_service_account(
+            children.service_account(self.name, self.namespace, self.owner())
+        )
         await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
                                   self.sandbox_body(spec, pvc_name))  # fmt: skip
 
@@ -720,6 +723,7 @@ class Reconciler:
         broker = {"secretKeyRef": {"name": self.settings.daemon_broker_secret,
                                    "key": crd.BROKER_SECRET_KEY}}  # fmt: skip
         pod_spec: dict[str, Any] = {
+            "serviceAccountName": children.service_account_name(self.name),
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": int(spec.drain_grace_secs) + 30,
             "containers": [

@@ -117,6 +117,22 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     await asyncio.to_thread(call)
 
 
+async def ensure_service_account(body: dict[str, Any]) -> None:
+    """Create the task's ServiceAccount (``children.service_account``); one already there
+    (an earlier pass, or a re-created Sandbox) is left as it is."""
+    api = client.CoreV1Api()
+    namespace = body["metadata"]["namespace"]
+
+    def call() -> None:
+        try:
+            api.create_namespaced_service_account(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    await asyncio.to_thread(call)
+
+
 async def sandbox_api() -> SandboxApi | None:
     """What the Sandbox CRD serves and stores (None: no such CRD)."""
 

@@ -60,6 +60,12 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     assert stack.status("default", "donor")["sandboxName"] == "donor-sbx" == sandbox_name("donor")
     donor = json.loads(stack.kubectl("get", SANDBOXES, "donor-sbx", "-o", "json").stdout)
     assert "donor" not in sandbox_names(stack)
+    # The pod runs as the task's own ServiceAccount: no token, owned by the task.
+    task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
+    assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    sa = json.loads(stack.kubectl("get", "serviceaccount", "donor-sa", "-o", "json").stdout)
+    assert sa["automountServiceAccountToken"] is False
+    assert [o["uid"] for o in sa["metadata"]["ownerReferences"]] == [task_uid]
 
     # A task told to run in a Sandbox that does not exist yet: said so, nothing made.
     manifest = task_manifest("byhand", agents=1, model="turns=100000,turn_ms=100")

@@ -69,6 +69,7 @@ def test_the_sandbox_the_operator_makes_is_named_task_sbx_and_owned_by_the_task(
     spec = parse_spec(dict(TASK["spec"]))
     body = reconciler.sandbox_body(spec, "ws-demo")
     assert body["metadata"]["name"] == "demo-sbx" == reconciler.sandbox_of(spec)
+    assert body["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "demo-sa"
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == [TASK["metadata"]["uid"]]
     named = parse_spec({**TASK["spec"], "sandbox": {"name": "shared"}})
     assert reconciler.sandbox_of(named) == "shared"
