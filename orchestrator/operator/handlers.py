@@ -368,7 +368,7 @@ class Reconciler:
         elif self.settings.manage_sandbox:
             await kube.ensure_pvc(
                 self.namespace, pvc_name, source.storage or spec.storage, self.owner(),
-                self.name, from_snapshot=source.snapshot,
+                self.name, from_snapshot=source.snapshot, storage_class=spec.storage_class,
             )  # fmt: skip
             await self.create_sandbox(spec, pvc_name)
         if restore_from is not None:
@@ -729,13 +729,14 @@ class Reconciler:
             "containers": [
                 {
                     "name": "caliband",
-                    "image": self.settings.daemon_image,
+                    "image": spec.image or self.settings.daemon_image,
                     "command": ["drainctl"],
                     "args": args,
                     "env": [
                         {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
                         # The operator's own log format, so one DRAIN_LOG_FORMAT sets all.
                         {"name": LOG_FORMAT_ENV, "value": LogSettings().log_format},
+                        *({"name": n, "value": v} for n, v in spec.env),
                     ],
                     "ports": [{"name": "metrics", "containerPort": crd.DAEMON_METRICS_PORT}],
                     "livenessProbe": dict(crd.DAEMON_LIVENESS_PROBE),

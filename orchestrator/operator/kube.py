@@ -177,6 +177,7 @@ async def ensure_pvc(
     owner: dict[str, Any],
     task_name: str,
     from_snapshot: str | None = None,
+    storage_class: str | None = None,
 ) -> None:
     """Create the workspace PVC owned by the task (filled from VolumeSnapshot
     ``from_snapshot`` when given), or adopt an existing (retained) one."""
@@ -196,6 +197,8 @@ async def ensure_pvc(
                 "resources": {"requests": {"storage": storage}},
             },
         }
+        if storage_class is not None:
+            body["spec"]["storageClassName"] = storage_class
         if from_snapshot is not None:
             body["spec"]["dataSource"] = {
                 "apiGroup": crd.SNAPSHOT_GROUP,

@@ -30,12 +30,17 @@ from typing import Any, Final
 from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.ledger.models import CHECKPOINTED_STATES
 from orchestrator.operator.crd import (
+    BROKER_URL_ENV,
     SANDBOX_API_VERSIONS,
     SANDBOX_CRD,
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
 )
 from worker_agent.contract import says_checkpoint_mismatch
+from worker_agent.logformat import LOG_FORMAT_ENV
+
+RESERVED_ENV: Final = frozenset({BROKER_URL_ENV, LOG_FORMAT_ENV})
+"""The daemon container's own variables: a ``spec.task.env`` entry may not set them."""
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -102,6 +107,12 @@ class TaskSpec:
     storage: str
     sandbox_name: str | None = None
     """``spec.sandbox.name``: an existing Sandbox to operate on (never created)."""
+    image: str | None = None
+    """``spec.task.image``: the daemon container's image, over the operator's default."""
+    env: tuple[tuple[str, str], ...] = ()
+    """``spec.task.env`` (name, value), appended to the daemon container's env."""
+    storage_class: str | None = None
+    """``spec.workspace.storageClassName`` for the workspace PVC."""
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
@@ -170,6 +181,13 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         not isinstance(existing, str) or len(existing) > 63 or not _LABEL_VALUE.match(existing)
     ):
         raise SpecError("sandbox.name", f"{existing!r} is not a Sandbox name (a DNS label)")
+    image = task.get("image") or None
+    if image is not None and not isinstance(image, str):
+        raise SpecError("task.image", f"{image!r} is not an image reference")
+    env = _parse_env(task.get("env"))
+    storage_class = workspace.get("storageClassName") or None
+    if storage_class is not None and not isinstance(storage_class, str):
+        raise SpecError("workspace.storageClassName", f"{storage_class!r} is not a name")
     storage = _value_or(workspace, "storage", "1Gi")
     return TaskSpec(
         agents=agents,
@@ -185,7 +203,31 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         sandbox_api_version=api_version,
         storage=str(storage),
         sandbox_name=existing,
+        image=image,
+        env=env,
+        storage_class=storage_class,
     )
+
+
+def _parse_env(env: Any) -> tuple[tuple[str, str], ...]:
+    """``spec.task.env`` as (name, value) pairs; one naming a variable the daemon's own
+    container sets (``RESERVED_ENV``) is refused, as it would silently lose."""
+    if env is None:
+        return ()
+    if not isinstance(env, list):
+        raise SpecError("task.env", f"must be a list, not {type(env).__name__}")
+    pairs = []
+    for item in env:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise SpecError("task.env", f"{item!r} has no variable name")
+        if name in RESERVED_ENV:
+            raise SpecError("task.env", f"{name} is set by the operator and cannot be overridden")
+        value = item.get("value") or ""
+        if not isinstance(value, str):
+            raise SpecError("task.env", f"{name}: value {value!r} is not a string")
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 # ------------------------------------------------------------------ idempotency keys

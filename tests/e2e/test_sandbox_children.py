@@ -55,7 +55,9 @@ def patch_suspend(stack: DevStack, name: str, suspend: bool) -> None:
 def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_given(
     stack: DevStack,
 ) -> None:
-    assert stack.apply(task_manifest("donor", agents=1, model="turns=2,turn_ms=20")).returncode == 0
+    donor_manifest = task_manifest("donor", agents=1, model="turns=2,turn_ms=20")
+    donor_manifest["spec"]["task"]["env"] = [{"name": "TEAM", "value": "blue"}]
+    assert stack.apply(donor_manifest).returncode == 0
     stack.wait_phase("default", "donor", "Running", timeout=120)
     assert stack.status("default", "donor")["sandboxName"] == "donor-sbx" == sandbox_name("donor")
     donor = json.loads(stack.kubectl("get", SANDBOXES, "donor-sbx", "-o", "json").stdout)
@@ -63,6 +65,8 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     # The pod runs as the task's own ServiceAccount: no token, owned by the task.
     task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
     assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    env = donor["spec"]["podTemplate"]["spec"]["containers"][0]["env"]
+    assert env[-1] == {"name": "TEAM", "value": "blue"}
     sa = json.loads(stack.kubectl("get", "serviceaccount", "donor-sa", "-o", "json").stdout)
     assert sa["automountServiceAccountToken"] is False
     assert [o["uid"] for o in sa["metadata"]["ownerReferences"]] == [task_uid]

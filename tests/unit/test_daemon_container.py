@@ -73,3 +73,18 @@ def test_the_sandbox_the_operator_makes_is_named_task_sbx_and_owned_by_the_task(
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == [TASK["metadata"]["uid"]]
     named = parse_spec({**TASK["spec"], "sandbox": {"name": "shared"}})
     assert reconciler.sandbox_of(named) == "shared"
+
+
+def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> None:
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    reconciler = Reconciler(
+        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
+    )
+    default = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
+    [plain] = default["spec"]["podTemplate"]["spec"]["containers"]
+    assert plain["image"] == settings.daemon_image
+    task = {"agents": 2, "image": "reg.example/caliband:1", "env": [{"name": "A", "value": "1"}]}
+    body = reconciler.sandbox_body(parse_spec({"task": task}), "ws-demo")
+    [container] = body["spec"]["podTemplate"]["spec"]["containers"]
+    assert container["image"] == "reg.example/caliband:1"
+    assert container["env"] == [*plain["env"], {"name": "A", "value": "1"}]

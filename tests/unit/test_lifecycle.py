@@ -118,6 +118,13 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
         ({"resumeFrom": {"checkpointRef": "Not_A_Ref!"}}, "resumeFrom.checkpointRef"),
         ({"sandbox": {"apiVersion": "v9"}}, "sandbox.apiVersion"),
         ({"sandbox": {"name": "Not_A_Name"}}, "sandbox.name"),
+        ({"task": {"env": [{"name": "DRAIN_BROKER_URL", "value": "redis://x"}]}}, "task.env"),
+        ({"task": {"env": [{"name": "DRAIN_LOG_FORMAT", "value": "json"}]}}, "task.env"),
+        ({"task": {"env": [{"value": "v"}]}}, "task.env"),
+        ({"task": {"env": {"A": "b"}}}, "task.env"),
+        ({"task": {"env": [{"name": "A", "value": 3}]}}, "task.env"),
+        ({"task": {"image": 5}}, "task.image"),
+        ({"workspace": {"storageClassName": 5}}, "workspace.storageClassName"),
         ({"sandbox": {"name": 7}}, "sandbox.name"),
         ({"sandbox": {"name": "x" * 64}}, "sandbox.name"),
     ],
@@ -1021,3 +1028,22 @@ def test_an_existing_sandboxs_workspace_is_its_only_claim(
     sandbox: dict[str, Any], claim: str | None
 ) -> None:
     assert sandbox_workspace_claim(sandbox) == claim
+
+
+@pytest.mark.parametrize(
+    ("task", "workspace", "image", "env", "storage_class"),
+    [
+        ({}, {}, None, (), None),
+        ({"image": "", "env": None}, {"storageClassName": None}, None, (), None),
+        ({"image": "reg.example/caliband:1"}, {"storageClassName": "fast"},
+         "reg.example/caliband:1", (), "fast"),
+        ({"env": [{"name": "A", "value": "1"}, {"name": "B"}]}, {}, None,
+         (("A", "1"), ("B", "")), None),
+    ],
+)  # fmt: skip
+def test_image_env_and_storage_class_are_read_from_the_spec(
+    task: dict[str, Any], workspace: dict[str, Any], image: str | None,
+    env: tuple[tuple[str, str], ...], storage_class: str | None,
+) -> None:  # fmt: skip
+    parsed = parse_spec({"task": task, "workspace": workspace})
+    assert (parsed.image, parsed.env, parsed.storage_class) == (image, env, storage_class)
