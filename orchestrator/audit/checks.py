@@ -20,6 +20,7 @@ from datetime import datetime
 
 from orchestrator.audit.findings import Finding, FindingKind
 from orchestrator.ledger import ActivityView, CheckpointView, DrainRecordProblem, OperationView
+from orchestrator.operator import crd
 from orchestrator.operator.lifecycle import HEARTBEATS_MISSED_BEFORE_SILENT, Phase
 from orchestrator.settings import Settings
 from worker_agent.contract import TaskNameError, daemon_queue
@@ -238,9 +239,9 @@ def check_tasks(
             and (phase_age > limits.phase_settle_secs)
         ):
             problems = []
-            sandbox = sandboxes.get((task.namespace, task.name))
+            sandbox = sandboxes.get((task.namespace, crd.sandbox_name(task.name)))
             if sandbox is not None and not sandbox.suspended:
-                problems.append(f"its Sandbox {task.namespace}/{task.name} is not suspended")
+                problems.append(f"its Sandbox {task.namespace}/{sandbox.name} is not suspended")
             pods = [p.name for uid in sandbox_uids.get(task.uid, ()) for p in pods_of[uid]]
             if pods:
                 problems.append(f"pod {', '.join(sorted(pods))} still runs")

@@ -377,7 +377,7 @@ class Story:
 
     def sandbox_suspended(self, name: str) -> bool:
         sandbox = self.custom().get_namespaced_custom_object(
-            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, name
+            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, crd.sandbox_name(name)
         )
         return int(sandbox.get("spec", {}).get("replicas", 1) or 0) == 0
 
@@ -564,7 +564,7 @@ class Story:
 
         assert self.stack is not None
         sandbox = self.custom().get_namespaced_custom_object(
-            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, name
+            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, crd.sandbox_name(name)
         )
         run = empty_dir(self.sandboxes, sandbox["metadata"]["uid"], crd.RUN_VOLUME)
         path = run / crd.DAEMON_SOCKET_FILE

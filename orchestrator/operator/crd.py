@@ -56,6 +56,16 @@ SANDBOX_PLURAL: Final = "sandboxes"
 SANDBOX_KIND: Final = "Sandbox"
 SANDBOX_CRD: Final = f"{SANDBOX_PLURAL}.{SANDBOX_GROUP}"
 """The Sandbox CRD's object name (``<plural>.<group>``)."""
+SANDBOX_SUFFIX: Final = "-sbx"
+
+
+def sandbox_name(task: str, existing: str | None = None) -> str:
+    """The Sandbox a task runs in: ``existing`` (its ``spec.sandbox.name``, a Sandbox
+    someone else made) when set, else the one the operator makes, ``<task>-sbx``, as
+    caliban-operator names its children. The one place the rule lives, so the operator,
+    the audit and the tests cannot disagree on it."""
+    return existing or f"{task}{SANDBOX_SUFFIX}"
+
 
 TASK_UID_LABEL: Final = f"{GROUP}/task-uid"
 """On a checkpoint's VolumeSnapshot: the uid of the task whose workspace it copies."""

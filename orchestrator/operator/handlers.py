@@ -44,7 +44,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import TERMINAL_STATES
-from orchestrator.operator import crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import children, crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
     AgentCounts,
@@ -76,6 +76,7 @@ from orchestrator.operator.lifecycle import (
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
+    sandbox_workspace_claim,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -347,11 +348,27 @@ class Reconciler:
             source = found
             pvc_name = source.pvc_name
         # status.agents counts agents running, from the daemon's heartbeats: none yet.
-        self.set_status(pvcName=pvc_name, sandboxName=self.name, agents=0, idleSince=None)
-        if self.settings.manage_sandbox:
+        sandbox = self.sandbox_of(spec)
+        if self.settings.manage_sandbox and spec.sandbox_name is not None:
+            # An existing Sandbox: operated on (woken here), never created; its workspace
+            # is the PVC it mounts.
+            existing = await kube.get_sandbox(spec.sandbox_api_version, self.namespace, sandbox)
+            if existing is None:
+                self.existing_sandbox_missing(sandbox)
+                self.set_phase(Phase.PENDING, f"waiting for Sandbox {sandbox} to exist")
+                return
+            pvc_name = sandbox_workspace_claim(existing) or pvc_name
+            self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
+        self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None)
+        if self.settings.manage_sandbox and spec.sandbox_name is not None:
+            await kube.patch_sandbox(
+                spec.sandbox_api_version, self.namespace, sandbox,
+                sandbox_suspension_patch(spec.sandbox_api_version, False),
+            )  # fmt: skip
+        elif self.settings.manage_sandbox:
             await kube.ensure_pvc(
                 self.namespace, pvc_name, source.storage or spec.storage, self.owner(),
-                self.name, from_snapshot=source.snapshot,
+                self.name, from_snapshot=source.snapshot, storage_class=spec.storage_class,
             )  # fmt: skip
             await self.create_sandbox(spec, pvc_name)
         if restore_from is not None:
@@ -496,7 +513,9 @@ class Reconciler:
         pods = await kube.pods_mounting(self.namespace, pvc)
         if not pods:
             return None
-        ours = await kube.get_sandbox(spec.sandbox_api_version, self.namespace, self.name)
+        ours = await kube.get_sandbox(
+            spec.sandbox_api_version, self.namespace, self.sandbox_of(spec)
+        )
         owned = ours is not None and any(
             o.get("uid") == self.uid for o in ours["metadata"].get("ownerReferences") or []
         )
@@ -607,7 +626,8 @@ class Reconciler:
         has flushed what the PVC holds."""
         if not self.settings.manage_sandbox:
             return None
-        if await kube.get_sandbox(spec.sandbox_api_version, self.namespace, self.name):
+        name = self.sandbox_of(spec)
+        if await kube.get_sandbox(spec.sandbox_api_version, self.namespace, name):
             return None
         self.now = _now()  # a deletion's pass follows its drain for a while
         age = self.heartbeat_age(await self.latest_activity())
@@ -625,13 +645,19 @@ class Reconciler:
         if not self.settings.manage_sandbox:
             return
         version = spec.sandbox_api_version
-        if await kube.get_sandbox(version, self.namespace, self.name) is not None:
+        sandbox = self.sandbox_of(spec)
+        if await kube.get_sandbox(version, self.namespace, sandbox) is not None:
+            if spec.sandbox_name is not None:
+                self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
+            return
+        if spec.sandbox_name is not None:
+            self.existing_sandbox_missing(spec.sandbox_name)
             return
         pvc = self.pvc_name
         found = await kube.get_pvc(self.namespace, pvc)
         if found is None or found.metadata.deletion_timestamp is not None:
             message = (
-                f"Sandbox {self.namespace}/{self.name} and its workspace PVC {pvc} are gone: "
+                f"Sandbox {self.namespace}/{sandbox} and its workspace PVC {pvc} are gone: "
                 "nothing to bring the agents back on; no fresh agents were started"
             )
             kopf.warn(self.body, reason="WorkspaceGone", message=message)
@@ -643,17 +669,39 @@ class Reconciler:
             self.set_status(message=waiting.why)
             return
         message = (
-            f"Sandbox {self.namespace}/{self.name} was deleted under the task: re-creating it "
+            f"Sandbox {self.namespace}/{sandbox} was deleted under the task: re-creating it "
             f"on workspace PVC {pvc}; its agents resume from what they saved"
         )
         kopf.warn(self.body, reason="SandboxMissing", message=message)
         await self.create_sandbox(spec, pvc)
+
+    def sandbox_of(self, spec: TaskSpec) -> str:
+        """The name of the Sandbox this task drains, suspends and resumes."""
+        return crd.sandbox_name(self.name, spec.sandbox_name)
+
+    def existing_sandbox_missing(self, name: str) -> None:
+        """``spec.sandbox.name`` names a Sandbox that is not there: say so and wait for
+        it. The operator never makes a Sandbox it was told already exists (that would be
+        a second one the user's tooling knows nothing of)."""
+        message = (
+            f"spec.sandbox.name names Sandbox {self.namespace}/{name}, which does not "
+            "exist; the operator does not create it (create it, or unset spec.sandbox.name)"
+        )
+        if not any(
+            c.get("type") == "SandboxFound" and c.get("status") == "False"
+            for c in self.status.get("conditions") or []
+        ):  # one event, not one a pass
+            kopf.warn(self.body, reason="SandboxNotFound", message=message)
+        self.set_condition("SandboxFound", False, "SandboxNotFound", message)
 
     async def create_sandbox(self, spec: TaskSpec, pvc_name: str) -> None:
         """The task's Sandbox, after the namespace's broker Secret its pod reads."""
         broker = self.settings.daemon_broker_url or self.settings.broker_url
         await kube.ensure_broker_secret(self.namespace, self.settings.daemon_broker_secret,
                                         broker)  # fmt: skip
+        await kube.ensure_service_account(
+            children.service_account(self.name, self.namespace, self.owner())
+        )
         await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
                                   self.sandbox_body(spec, pvc_name))  # fmt: skip
 
@@ -675,18 +723,20 @@ class Reconciler:
         broker = {"secretKeyRef": {"name": self.settings.daemon_broker_secret,
                                    "key": crd.BROKER_SECRET_KEY}}  # fmt: skip
         pod_spec: dict[str, Any] = {
+            "serviceAccountName": children.service_account_name(self.name),
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": int(spec.drain_grace_secs) + 30,
             "containers": [
                 {
                     "name": "caliband",
-                    "image": self.settings.daemon_image,
+                    "image": spec.image or self.settings.daemon_image,
                     "command": ["drainctl"],
                     "args": args,
                     "env": [
                         {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
                         # The operator's own log format, so one DRAIN_LOG_FORMAT sets all.
                         {"name": LOG_FORMAT_ENV, "value": LogSettings().log_format},
+                        *({"name": n, "value": v} for n, v in spec.env),
                     ],
                     "ports": [{"name": "metrics", "containerPort": crd.DAEMON_METRICS_PORT}],
                     "livenessProbe": dict(crd.DAEMON_LIVENESS_PROBE),
@@ -708,7 +758,7 @@ class Reconciler:
             "apiVersion": spec.sandbox_api_version,
             "kind": crd.SANDBOX_KIND,
             "metadata": {
-                "name": self.name,
+                "name": crd.sandbox_name(self.name),
                 "namespace": self.namespace,
                 "ownerReferences": [self.owner()],
                 "labels": {crd.TASK_LABEL: self.name},
@@ -985,7 +1035,7 @@ class Reconciler:
                 return
             if self.settings.manage_sandbox:
                 await kube.patch_sandbox(
-                    spec.sandbox_api_version, self.namespace, self.name,
+                    spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
                     sandbox_suspension_patch(spec.sandbox_api_version, True),
                 )  # fmt: skip
             self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
@@ -1033,7 +1083,7 @@ class Reconciler:
         ref = self.status.get("checkpointRef")
         if self.settings.manage_sandbox:
             await kube.patch_sandbox(
-                spec.sandbox_api_version, self.namespace, self.name,
+                spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
                 sandbox_suspension_patch(spec.sandbox_api_version, False),
             )  # fmt: skip
         if ref:

@@ -117,6 +117,22 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     await asyncio.to_thread(call)
 
 
+async def ensure_service_account(body: dict[str, Any]) -> None:
+    """Create the task's ServiceAccount (``children.service_account``); one already there
+    (an earlier pass, or a re-created Sandbox) is left as it is."""
+    api = client.CoreV1Api()
+    namespace = body["metadata"]["namespace"]
+
+    def call() -> None:
+        try:
+            api.create_namespaced_service_account(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    await asyncio.to_thread(call)
+
+
 async def sandbox_api() -> SandboxApi | None:
     """What the Sandbox CRD serves and stores (None: no such CRD)."""
 
@@ -161,6 +177,7 @@ async def ensure_pvc(
     owner: dict[str, Any],
     task_name: str,
     from_snapshot: str | None = None,
+    storage_class: str | None = None,
 ) -> None:
     """Create the workspace PVC owned by the task (filled from VolumeSnapshot
     ``from_snapshot`` when given), or adopt an existing (retained) one."""
@@ -180,6 +197,8 @@ async def ensure_pvc(
                 "resources": {"requests": {"storage": storage}},
             },
         }
+        if storage_class is not None:
+            body["spec"]["storageClassName"] = storage_class
         if from_snapshot is not None:
             body["spec"]["dataSource"] = {
                 "apiGroup": crd.SNAPSHOT_GROUP,

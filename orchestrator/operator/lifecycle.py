@@ -30,12 +30,17 @@ from typing import Any, Final
 from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.ledger.models import CHECKPOINTED_STATES
 from orchestrator.operator.crd import (
+    BROKER_URL_ENV,
     SANDBOX_API_VERSIONS,
     SANDBOX_CRD,
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
 )
 from worker_agent.contract import says_checkpoint_mismatch
+from worker_agent.logformat import LOG_FORMAT_ENV
+
+RESERVED_ENV: Final = frozenset({BROKER_URL_ENV, LOG_FORMAT_ENV})
+"""The daemon container's own variables: a ``spec.task.env`` entry may not set them."""
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -100,6 +105,14 @@ class TaskSpec:
     resume_from: str | None
     sandbox_api_version: str
     storage: str
+    sandbox_name: str | None = None
+    """``spec.sandbox.name``: an existing Sandbox to operate on (never created)."""
+    image: str | None = None
+    """``spec.task.image``: the daemon container's image, over the operator's default."""
+    env: tuple[tuple[str, str], ...] = ()
+    """``spec.task.env`` (name, value), appended to the daemon container's env."""
+    storage_class: str | None = None
+    """``spec.workspace.storageClassName`` for the workspace PVC."""
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
@@ -163,6 +176,18 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     api_version = _value_or(sandbox, "apiVersion", SANDBOX_V1ALPHA1)
     if api_version not in SANDBOX_API_VERSIONS:
         raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
+    existing = sandbox.get("name")
+    if existing is not None and (
+        not isinstance(existing, str) or len(existing) > 63 or not _LABEL_VALUE.match(existing)
+    ):
+        raise SpecError("sandbox.name", f"{existing!r} is not a Sandbox name (a DNS label)")
+    image = task.get("image") or None
+    if image is not None and not isinstance(image, str):
+        raise SpecError("task.image", f"{image!r} is not an image reference")
+    env = _parse_env(task.get("env"))
+    storage_class = workspace.get("storageClassName") or None
+    if storage_class is not None and not isinstance(storage_class, str):
+        raise SpecError("workspace.storageClassName", f"{storage_class!r} is not a name")
     storage = _value_or(workspace, "storage", "1Gi")
     return TaskSpec(
         agents=agents,
@@ -177,7 +202,32 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         resume_from=ref,
         sandbox_api_version=api_version,
         storage=str(storage),
+        sandbox_name=existing,
+        image=image,
+        env=env,
+        storage_class=storage_class,
     )
+
+
+def _parse_env(env: Any) -> tuple[tuple[str, str], ...]:
+    """``spec.task.env`` as (name, value) pairs; one naming a variable the daemon's own
+    container sets (``RESERVED_ENV``) is refused, as it would silently lose."""
+    if env is None:
+        return ()
+    if not isinstance(env, list):
+        raise SpecError("task.env", f"must be a list, not {type(env).__name__}")
+    pairs = []
+    for item in env:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise SpecError("task.env", f"{item!r} has no variable name")
+        if name in RESERVED_ENV:
+            raise SpecError("task.env", f"{name} is set by the operator and cannot be overridden")
+        value = item.get("value") or ""
+        if not isinstance(value, str):
+            raise SpecError("task.env", f"{name}: value {value!r} is not a string")
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 # ------------------------------------------------------------------ idempotency keys
@@ -482,6 +532,20 @@ def parse_time(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def sandbox_workspace_claim(sandbox: dict[str, Any]) -> str | None:
+    """The PVC an existing Sandbox (``spec.sandbox.name``) mounts, which is then the
+    task's workspace (its snapshots and checkpoints copy it): the only
+    ``persistentVolumeClaim`` volume of its pod template, or None where it has none or
+    several (then nothing says which one the agents write)."""
+    pod = ((sandbox.get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    claims = [
+        str(v["persistentVolumeClaim"]["claimName"])
+        for v in pod.get("volumes") or []
+        if isinstance(v, dict) and (v.get("persistentVolumeClaim") or {}).get("claimName")
+    ]
+    return claims[0] if len(claims) == 1 else None
 
 
 def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:

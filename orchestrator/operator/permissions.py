@@ -100,6 +100,10 @@ PERMISSIONS: Final = (
     Permission("policy", "poddisruptionbudgets", ("create", "delete"),
                "kube.guard_against_eviction: the drain guard PDB while a drain runs",
                Need.MANAGE_SANDBOX),
+    Permission("", "serviceaccounts", ("create",),
+               "kube.ensure_service_account: the task's <task>-sa ServiceAccount its pod runs "
+               "as (no token, no Role); it goes with the task by garbage collection",
+               Need.MANAGE_SANDBOX),
     Permission("", "secrets", ("create",),
                "kube.ensure_broker_secret: the daemon broker Secret created in a task's "
                "namespace (a create cannot be limited to a name)", Need.MANAGE_SANDBOX),

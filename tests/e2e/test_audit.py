@@ -32,6 +32,7 @@ import psutil
 import pytest
 
 from orchestrator.ledger import CheckpointReason, CheckpointView, OperationKind
+from orchestrator.operator.crd import sandbox_name
 from orchestrator.settings import Settings
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
@@ -181,9 +182,17 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     # A suspended task's Sandbox started again by hand.
-    stack.kubectl("patch", SANDBOXES, "woke", "--type", "merge", "-p", '{"spec": {"replicas": 1}}')
+    stack.kubectl(
+        "patch",
+        SANDBOXES,
+        sandbox_name("woke"),
+        "--type",
+        "merge",
+        "-p",
+        '{"spec": {"replicas": 1}}',
+    )
     # A second daemon on twin's workspace.
-    sandbox = json.loads(stack.kubectl("get", SANDBOXES, "twin", "-o", "json").stdout)
+    sandbox = json.loads(stack.kubectl("get", SANDBOXES, sandbox_name("twin"), "-o", "json").stdout)
     rogue = {
         "apiVersion": sandbox["apiVersion"], "kind": "Sandbox",
         "metadata": {"name": "twin-rogue", "namespace": "default"},
@@ -195,9 +204,11 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     args[args.index("--initial-agents") + 1] = "0"
     assert stack.apply(rogue).returncode == 0
     # A Sandbox whose daemon is bound to another uid.
-    rebound = json.loads(stack.kubectl("get", SANDBOXES, "rebound", "-o", "json").stdout)
+    rebound = json.loads(
+        stack.kubectl("get", SANDBOXES, sandbox_name("rebound"), "-o", "json").stdout
+    )
     at = rebound["spec"]["podTemplate"]["spec"]["containers"][0]["args"].index("--task-uid") + 1
-    stack.kubectl("patch", SANDBOXES, "rebound", "--type", "json", "-p", json.dumps(
+    stack.kubectl("patch", SANDBOXES, sandbox_name("rebound"), "--type", "json", "-p", json.dumps(
         [{"op": "replace", "value": "not-rebounds-uid",
           "path": f"/spec/podTemplate/spec/containers/0/args/{at}"}]))  # fmt: skip
     # A status naming a checkpoint the ledger does not hold.
@@ -217,7 +228,7 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
         ("DaemonSilent", "calibantask default/frozen"),
         ("SuspendedNotStopped", "calibantask default/woke"),
         ("DuplicateDaemon", f"pvc default/{twin_pvc}"),
-        ("QueueMismatch", "sandbox default/rebound"),
+        ("QueueMismatch", f"sandbox default/{sandbox_name('rebound')}"),
         ("CheckpointRefUnknown", "calibantask default/lost"),
     }
     assert keys(report) == expected, json.dumps(report["findings"], indent=1)

@@ -23,7 +23,12 @@ import pytest
 import yaml
 
 from orchestrator.devcluster.broker import free_port
-from orchestrator.operator.crd import BROKER_SECRET_KEY, SANDBOX_KIND, SANDBOX_V1ALPHA1
+from orchestrator.operator.crd import (
+    BROKER_SECRET_KEY,
+    SANDBOX_KIND,
+    SANDBOX_V1ALPHA1,
+    sandbox_name,
+)
 from orchestrator.testing import DevStackProcess, wait_until
 from tests.e2e.support import task_manifest
 
@@ -75,7 +80,7 @@ def test_a_provisioned_sandbox_reads_the_broker_url_from_the_namespace_secret(
     stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(task_manifest("t1", namespace="team-a")))
     wait_until(lambda: "t1" in stack.kubectl("get", "sandboxes", "-n", "team-a"), 60,
                "the operator to provision the Sandbox")  # fmt: skip
-    sandbox = stack.get("sandbox", "t1", "-n", "team-a")
+    sandbox = stack.get("sandbox", sandbox_name("t1"), "-n", "team-a")
     (container,) = sandbox["spec"]["podTemplate"]["spec"]["containers"]
     broker_env = [e for e in container["env"] if e["name"] == "DRAIN_BROKER_URL"]
     assert broker_env == [{"name": "DRAIN_BROKER_URL", "valueFrom": {

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -98,7 +99,7 @@ def refused(stack: DevStack, name: str, reason: str) -> str:
     assert warnings[0]["message"] == status["message"]
     assert "no agents were started" in status["message"]
     sandboxes = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "-o", "name").stdout
-    assert f"/{name}\n" not in sandboxes + "\n"
+    assert f"/{sandbox_name(name)}\n" not in sandboxes + "\n"
     return str(status["message"])
 
 

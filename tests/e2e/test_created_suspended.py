@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.operator.crd import sandbox_name
 from orchestrator.operator.lifecycle import CREATED_SUSPENDED
 from tests.e2e.support import DevStack, task_manifest
 from tests.support import wait_until
@@ -81,7 +82,7 @@ def assert_nothing_started(stack: DevStack, name: str) -> None:
     ready = ready_of(status)
     assert (ready["status"], ready["reason"]) == ("False", "Paused"), ready
     assert ready["message"].startswith("created suspended: nothing started"), ready
-    got = stack.kubectl("get", "sandbox", name, "-n", "default", check=False)
+    got = stack.kubectl("get", "sandbox", sandbox_name(name), "-n", "default", check=False)
     assert got.returncode != 0 and "NotFound" in got.stderr, (got.stdout, got.stderr)
     pvcs = json.loads(stack.kubectl("get", "pvc", "-n", "default", "-o", "json").stdout)
     owned = [
@@ -111,7 +112,7 @@ def test_a_task_created_suspended_starts_nothing_until_suspend_is_false(stack: D
     # A fresh start: its initial agents, no resume of a checkpoint it never had.
     assert stack.ledger.list_operations("default", name) == []
     assert "checkpointRef" not in status
-    stack.kubectl("get", "sandbox", name, "-n", "default")
+    stack.kubectl("get", "sandbox", sandbox_name(name), "-n", "default")
     activity = stack.ledger.get_activity("default", name)
     assert activity is not None and activity.agents_live == 2
 

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from orchestrator.ledger import OperationKind
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -230,7 +231,9 @@ def test_an_evicted_daemon_drains_and_its_agents_resume_by_themselves(
     stack: DevStack, tmp_path: Path
 ) -> None:
     task = start_task(stack, "evicted")
-    sandbox = json.loads(stack.kubectl("get", "sandbox", task.name, "-o", "json").stdout)
+    sandbox = json.loads(
+        stack.kubectl("get", "sandbox", sandbox_name(task.name), "-o", "json").stdout
+    )
     grace = sandbox["spec"]["podTemplate"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > 30  # the default drainGracePeriod: an eviction's SIGTERM drain fits in it
     daemon = daemon_of(stack, task.pvc)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger import OperationKind
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -75,7 +76,7 @@ def test_a_stale_drain_left_by_a_deleted_task_is_refused_by_the_task_recreated_u
     assert stack.apply(old).returncode == 0
     stack.wait_phase("default", "reborn", "Running")
     old_uid = uid_of(stack, "reborn")
-    sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/reborn"
+    sandbox = f"sandboxes.v1alpha1.agents.x-k8s.io/{sandbox_name('reborn')}"
     old_pvc = stack.pvc_of("reborn")
     stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
     wait_until(lambda: not stack.daemon_pids(old_pvc), 90, "the old daemon to exit")
@@ -127,7 +128,7 @@ def test_a_sandbox_deleted_under_a_running_task_is_recreated_and_its_agents_resu
     stack.wait_phase("default", "unsandboxed", "Running")
     pvc = stack.pvc_of("unsandboxed")
     stack.wait_turns(pvc, 2, 2)
-    sandbox = "sandboxes.v1alpha1.agents.x-k8s.io/unsandboxed"
+    sandbox = f"sandboxes.v1alpha1.agents.x-k8s.io/{sandbox_name('unsandboxed')}"
     old_uid = json.loads(stack.kubectl("get", sandbox, "-o", "json").stdout)["metadata"]["uid"]
 
     stack.kubectl("delete", sandbox, "--wait=true", timeout=120)
@@ -167,8 +168,8 @@ def test_deleting_a_task_whose_sandbox_is_gone_forces_its_checkpoint_without_the
     pvc = stack.pvc_of("orphaned")
     stack.wait_turns(pvc, 1, 2)
     uid = uid_of(stack, "orphaned")
-    stack.kubectl("delete", "sandboxes.v1alpha1.agents.x-k8s.io/orphaned", "--wait=true",
-                  timeout=120)  # fmt: skip
+    stack.kubectl("delete", f"sandboxes.v1alpha1.agents.x-k8s.io/{sandbox_name('orphaned')}",
+                  "--wait=true", timeout=120)  # fmt: skip
     wait_until(lambda: not stack.daemon_pids(pvc), 90, "the daemon to go with its Sandbox")
     stack.kubectl("delete", "ctask", "orphaned", "--wait=false")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -93,8 +94,8 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
     status = stack.status("default", "napper")
     assert status["pausedBy"] == "idle"
     ref = status["checkpointRef"]
-    sandbox = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "napper", "-o",
-                            "jsonpath={.spec.replicas}").stdout  # fmt: skip
+    sandbox = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", sandbox_name("napper"),
+                            "-o", "jsonpath={.spec.replicas}").stdout  # fmt: skip
     assert sandbox == "0"
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None
@@ -230,9 +231,9 @@ def test_unreachable_daemon_is_force_deleted_within_drain_timeout(stack: DevStac
     """Tried: the task's Sandbox deleted out from under it, then the task deleted."""
     assert stack.apply(task_manifest("lost", agents=1, drainTimeout="4s")).returncode == 0
     stack.wait_phase("default", "lost", "Running")
-    stack.kubectl("delete", "sandboxes.agents.x-k8s.io", "lost", timeout=60)
+    stack.kubectl("delete", "sandboxes.agents.x-k8s.io", sandbox_name("lost"), timeout=60)
     wait_until(
-        lambda: "sandbox_pod_stopped sandbox=default/lost" in stack.log.read_text(),
+        lambda: "sandbox_pod_stopped sandbox=default/lost-sbx" in stack.log.read_text(),
         60,
         "the stand-in controller to stop the task's daemon",
     )

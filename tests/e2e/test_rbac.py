@@ -101,7 +101,13 @@ def rbac_problems(rules: list[dict[str, Any]], calls: set[Call]) -> list[str]:
 def sandbox_deleted_under_its_task(story: Story) -> None:
     """One more path past the story: the restored task's Sandbox deleted under it; the
     operator re-creates it once no pod still mounts the workspace (``last_pod_on``)."""
-    sandboxes = (crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, RESTORED)
+    sandboxes = (
+        crd.SANDBOX_GROUP,
+        "v1alpha1",
+        NAMESPACE,
+        crd.SANDBOX_PLURAL,
+        crd.sandbox_name(RESTORED),
+    )
     old = story.custom().get_namespaced_custom_object(*sandboxes)
     story.custom().delete_namespaced_custom_object(*sandboxes)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.support import wait_until
 from worker_agent.testing import DRAINCTL
@@ -133,7 +134,7 @@ def test_every_process_logs_json_lines_naming_the_task_and_its_drain(stack: DevS
     assert task is not None
     uid = task["metadata"]["uid"]
     logs = stack.state / "logs"
-    pod_log = stack.state / "sandboxes" / "logs" / f"default.{NAME}.log"
+    pod_log = stack.state / "sandboxes" / "logs" / f"default.{sandbox_name(NAME)}.log"
     named = {"namespace": "default", "name": NAME, "task_uid": uid, "operation_id": op_id}
     for log in (logs / "operator.log", logs / "worker.log", pod_log):
         entries = json_lines(log)

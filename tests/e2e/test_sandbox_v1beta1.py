@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -58,7 +59,7 @@ def test_v1beta1_sandbox_is_suspended_through_operating_mode(stack: DevStack) ->
     pvc = wait_until(lambda: stack.status("default", "beta").get("pvcName"), 30, "the PVC")
 
     def mode() -> str:
-        return stack.kubectl("get", "sandboxes.v1beta1.agents.x-k8s.io", "beta", "-o",
+        return stack.kubectl("get", "sandboxes.v1beta1.agents.x-k8s.io", sandbox_name("beta"), "-o",
                              "jsonpath={.spec.operatingMode}").stdout  # fmt: skip
 
     assert mode() == "Running"
@@ -67,7 +68,7 @@ def test_v1beta1_sandbox_is_suspended_through_operating_mode(stack: DevStack) ->
     stack.wait_phase("default", "beta", "Suspended")
     assert mode() == "Suspended"
     wait_until(
-        lambda: "sandbox_pod_stopped sandbox=default/beta" in stack.log.read_text(),
+        lambda: "sandbox_pod_stopped sandbox=default/beta-sbx" in stack.log.read_text(),
         60,
         "the stand-in controller to stop the suspended Sandbox's daemon",
     )

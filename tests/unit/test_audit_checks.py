@@ -53,6 +53,7 @@ from orchestrator.ledger import (
     OperationView,
     upgrade,
 )
+from orchestrator.operator import crd
 from orchestrator.operator.lifecycle import Phase
 from orchestrator.settings import Settings
 from worker_agent import layout
@@ -104,7 +105,8 @@ def by_task(*activities: ActivityView) -> dict[tuple[str, str], ActivityView]:
 def sandbox(name: str = "task-a", **overrides: Any) -> SandboxState:
     """The Sandbox the operator makes for ``name``: running, owned, bound to its queue."""
     fields: dict[str, Any] = {
-        "namespace": NS, "name": name, "uid": f"sbx-{name}", "suspended": False,
+        "namespace": NS, "name": crd.sandbox_name(name), "uid": f"sbx-{name}",
+        "suspended": False,
         "owner_uid": f"uid-{name}", "queue": f"caliband.{NS}.{name}",
         "task_uid": f"uid-{name}",
     }  # fmt: skip
@@ -430,7 +432,7 @@ def test_suspended_task_with_running_sandbox_is_found() -> None:
     assert found == [
         Finding(
             FindingKind.SUSPENDED_NOT_STOPPED, "calibantask default/task-a",
-            "phase Suspended for 300s, but its Sandbox default/task-a is not suspended",
+            "phase Suspended for 300s, but its Sandbox default/task-a-sbx is not suspended",
             NS, "task-a",
         )
     ]  # fmt: skip
@@ -463,7 +465,7 @@ def test_suspended_not_stopped_names_every_problem_in_one_finding() -> None:
                         pods=(pod("task-a-0"),), activities=(heartbeat(age=10),))  # fmt: skip
     assert len(found) == 1
     assert found[0].message == (
-        "phase Suspended for 300s, but its Sandbox default/task-a is not suspended; pod "
+        "phase Suspended for 300s, but its Sandbox default/task-a-sbx is not suspended; pod "
         "task-a-0 still runs; its daemon reported 2 live agents 10s ago"
     )
 
@@ -578,7 +580,7 @@ def test_sandbox_started_with_another_tasks_queue_is_found() -> None:
     cluster = Cluster(tasks=[task()], sandboxes=[sandbox(queue="caliband.default.task-b")])
     assert check_daemons(cluster, {}, NOW, LIMITS) == [
         Finding(
-            FindingKind.QUEUE_MISMATCH, "sandbox default/task-a",
+            FindingKind.QUEUE_MISMATCH, "sandbox default/task-a-sbx",
             "the daemon of task default/task-a is started with --queue caliband.default.task-b "
             "(its task's queue is caliband.default.task-a)",
             NS, "task-a",

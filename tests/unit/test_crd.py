@@ -124,3 +124,14 @@ def _spellings_outside_crd() -> list[str]:
 
 def test_no_module_but_crd_spells_the_api_names() -> None:
     assert _spellings_outside_crd() == []
+
+
+@pytest.mark.parametrize(
+    ("task", "existing", "name"),
+    [("demo", None, "demo-sbx"), ("demo", "shared", "shared"), ("a-b", "", "a-b-sbx")],
+)
+def test_a_task_runs_in_its_own_sbx_sandbox_unless_it_names_an_existing_one(
+    task: str, existing: str | None, name: str
+) -> None:
+    """caliban-operator's child naming: ``<task>-sbx``; ``spec.sandbox.name`` overrides."""
+    assert crd.sandbox_name(task, existing) == name

@@ -59,3 +59,32 @@ def test_the_daemon_logs_in_the_operators_format_and_never_sees_the_url_inline(
     assert env["DRAIN_LOG_FORMAT"] == {"name": "DRAIN_LOG_FORMAT", "value": log_format}
     assert "value" not in env[crd.BROKER_URL_ENV]
     assert "hunter2-secret" not in json.dumps(container)
+
+
+def test_the_sandbox_the_operator_makes_is_named_task_sbx_and_owned_by_the_task() -> None:
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    reconciler = Reconciler(
+        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
+    )
+    spec = parse_spec(dict(TASK["spec"]))
+    body = reconciler.sandbox_body(spec, "ws-demo")
+    assert body["metadata"]["name"] == "demo-sbx" == reconciler.sandbox_of(spec)
+    assert body["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "demo-sa"
+    assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == [TASK["metadata"]["uid"]]
+    named = parse_spec({**TASK["spec"], "sandbox": {"name": "shared"}})
+    assert reconciler.sandbox_of(named) == "shared"
+
+
+def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> None:
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    reconciler = Reconciler(
+        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
+    )
+    default = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
+    [plain] = default["spec"]["podTemplate"]["spec"]["containers"]
+    assert plain["image"] == settings.daemon_image
+    task = {"agents": 2, "image": "reg.example/caliband:1", "env": [{"name": "A", "value": "1"}]}
+    body = reconciler.sandbox_body(parse_spec({"task": task}), "ws-demo")
+    [container] = body["spec"]["podTemplate"]["spec"]["containers"]
+    assert container["image"] == "reg.example/caliband:1"
+    assert container["env"] == [*plain["env"], {"name": "A", "value": "1"}]

@@ -56,6 +56,7 @@ from orchestrator.operator.lifecycle import (
     resume_outcome,
     sandbox_suspension_patch,
     sandbox_version_problem,
+    sandbox_workspace_claim,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -116,6 +117,16 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
         ({"task": "all"}, "task"),
         ({"resumeFrom": {"checkpointRef": "Not_A_Ref!"}}, "resumeFrom.checkpointRef"),
         ({"sandbox": {"apiVersion": "v9"}}, "sandbox.apiVersion"),
+        ({"sandbox": {"name": "Not_A_Name"}}, "sandbox.name"),
+        ({"task": {"env": [{"name": "DRAIN_BROKER_URL", "value": "redis://x"}]}}, "task.env"),
+        ({"task": {"env": [{"name": "DRAIN_LOG_FORMAT", "value": "json"}]}}, "task.env"),
+        ({"task": {"env": [{"value": "v"}]}}, "task.env"),
+        ({"task": {"env": {"A": "b"}}}, "task.env"),
+        ({"task": {"env": [{"name": "A", "value": 3}]}}, "task.env"),
+        ({"task": {"image": 5}}, "task.image"),
+        ({"workspace": {"storageClassName": 5}}, "workspace.storageClassName"),
+        ({"sandbox": {"name": 7}}, "sandbox.name"),
+        ({"sandbox": {"name": "x" * 64}}, "sandbox.name"),
     ],
 )
 def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None:
@@ -990,3 +1001,53 @@ def test_a_task_created_suspended_is_paused_not_ready_and_says_nothing_started(
     paused_by: str, ready: ConditionChange
 ) -> None:
     assert readiness(Phase.SUSPENDED, None, "set suspend false", paused_by) == ready
+
+
+@pytest.mark.parametrize(
+    ("spec", "existing"),
+    [({}, None), ({"sandbox": {"name": None}}, None), ({"sandbox": {"name": "mine"}}, "mine")],
+)
+def test_spec_sandbox_name_names_an_existing_sandbox(
+    spec: dict[str, Any], existing: str | None
+) -> None:
+    assert parse_spec(spec).sandbox_name == existing
+
+
+def _with_volumes(*volumes: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"podTemplate": {"spec": {"volumes": list(volumes)}}}}
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "claim"),
+    [
+        ({}, None),
+        (_with_volumes({"name": "run", "emptyDir": {}}), None),
+        (_with_volumes({"name": "w", "persistentVolumeClaim": {"claimName": "ws"}},
+                       {"name": "run", "emptyDir": {}}), "ws"),
+        (_with_volumes({"name": "a", "persistentVolumeClaim": {"claimName": "a"}},
+                       {"name": "b", "persistentVolumeClaim": {"claimName": "b"}}), None),
+    ],
+)  # fmt: skip
+def test_an_existing_sandboxs_workspace_is_its_only_claim(
+    sandbox: dict[str, Any], claim: str | None
+) -> None:
+    assert sandbox_workspace_claim(sandbox) == claim
+
+
+@pytest.mark.parametrize(
+    ("task", "workspace", "image", "env", "storage_class"),
+    [
+        ({}, {}, None, (), None),
+        ({"image": "", "env": None}, {"storageClassName": None}, None, (), None),
+        ({"image": "reg.example/caliband:1"}, {"storageClassName": "fast"},
+         "reg.example/caliband:1", (), "fast"),
+        ({"env": [{"name": "A", "value": "1"}, {"name": "B"}]}, {}, None,
+         (("A", "1"), ("B", "")), None),
+    ],
+)  # fmt: skip
+def test_image_env_and_storage_class_are_read_from_the_spec(
+    task: dict[str, Any], workspace: dict[str, Any], image: str | None,
+    env: tuple[tuple[str, str], ...], storage_class: str | None,
+) -> None:  # fmt: skip
+    parsed = parse_spec({"task": task, "workspace": workspace})
+    assert (parsed.image, parsed.env, parsed.storage_class) == (image, env, storage_class)

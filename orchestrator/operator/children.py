@@ -1,0 +1,90 @@
+"""The task's ServiceAccount and NetworkPolicy as caliban-operator makes them
+(``<task>-sa``, ``<task>-netpol``): pure builders, so the shapes are table-tested apart
+from the API calls that create them.
+
+The ServiceAccount is created with the Sandbox (Reconciler.create_sandbox). The
+NetworkPolicy is not yet created: the embedded dev API does not serve NetworkPolicies,
+and no RBAC grant for them is in place yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from orchestrator.operator import crd
+
+SA_SUFFIX = "-sa"
+NETPOL_SUFFIX = "-netpol"
+DNS_PORT = 53
+_DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
+
+
+def service_account_name(task: str) -> str:
+    return f"{task}{SA_SUFFIX}"
+
+
+def network_policy_name(task: str) -> str:
+    return f"{task}{NETPOL_SUFFIX}"
+
+
+def broker_port(url: str) -> int:
+    """The TCP port a broker URL connects to: its explicit port, else its scheme's
+    default. A scheme without one is refused, since a policy must name the port."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"broker URL has an invalid port: {exc}") from None
+    if port is not None:
+        return port
+    if parts.scheme not in _DEFAULT_PORTS:
+        raise ValueError(f"broker URL scheme {parts.scheme!r} has no known default port")
+    return _DEFAULT_PORTS[parts.scheme]
+
+
+def service_account(task: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """The pod's identity: no token mounted, bound to no Role (the daemon calls no API)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": service_account_name(task),
+            "namespace": namespace,
+            "ownerReferences": [owner],
+            "labels": {crd.TASK_LABEL: task},
+        },
+        "automountServiceAccountToken": False,
+    }
+
+
+def network_policy(
+    task: str, namespace: str, owner: dict[str, Any], broker_url: str
+) -> dict[str, Any]:
+    """The task's pod takes connections only on the daemon's metrics port (what the
+    metrics scrape needs, as deploy/task-namespace/daemon-networkpolicy.yaml allows) and
+    reaches only DNS and the broker's port."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(task),
+            "namespace": namespace,
+            "ownerReferences": [owner],
+            "labels": {crd.TASK_LABEL: task},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {crd.TASK_LABEL: task}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}]}],
+            "egress": [
+                {
+                    "ports": [
+                        {"protocol": "UDP", "port": DNS_PORT},
+                        {"protocol": "TCP", "port": DNS_PORT},
+                    ]
+                },
+                {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]},
+            ],
+        },
+    }

@@ -1,0 +1,128 @@
+"""caliban-operator's Sandbox conventions, with the real kubectl against the dev stack's
+embedded defaults: the Sandbox the operator makes is ``<task>-sbx``, and a task whose
+``spec.sandbox.name`` names an existing Sandbox is run, suspended and resumed on that one,
+with no second Sandbox ever made for it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.operator.crd import TASK_LABEL, sandbox_name
+from tests.e2e.support import DevStack, task_manifest
+from tests.support import wait_until
+
+pytestmark = pytest.mark.slow
+
+SANDBOXES = "sandboxes.v1alpha1.agents.x-k8s.io"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    root = Path(tempfile.mkdtemp(prefix="cd-children-", dir="/tmp"))
+    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db")
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def sandbox_names(stack: DevStack) -> list[str]:
+    listed = stack.kubectl("get", SANDBOXES, "-n", "default", "-o", "name").stdout
+    return sorted(line.rsplit("/", 1)[-1] for line in listed.split())
+
+
+def condition(stack: DevStack, name: str, type_: str) -> dict[str, Any] | None:
+    conditions = stack.status("default", name).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def replicas(stack: DevStack, name: str) -> str:
+    return stack.kubectl("get", SANDBOXES, name, "-o", "jsonpath={.spec.replicas}").stdout
+
+
+def patch_suspend(stack: DevStack, name: str, suspend: bool) -> None:
+    body = json.dumps({"spec": {"lifecycle": {"suspend": suspend}}})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+
+
+def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_given(
+    stack: DevStack,
+) -> None:
+    donor_manifest = task_manifest("donor", agents=1, model="turns=2,turn_ms=20")
+    donor_manifest["spec"]["task"]["env"] = [{"name": "TEAM", "value": "blue"}]
+    assert stack.apply(donor_manifest).returncode == 0
+    stack.wait_phase("default", "donor", "Running", timeout=120)
+    assert stack.status("default", "donor")["sandboxName"] == "donor-sbx" == sandbox_name("donor")
+    donor = json.loads(stack.kubectl("get", SANDBOXES, "donor-sbx", "-o", "json").stdout)
+    assert "donor" not in sandbox_names(stack)
+    # The pod runs as the task's own ServiceAccount: no token, owned by the task.
+    task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
+    assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    env = donor["spec"]["podTemplate"]["spec"]["containers"][0]["env"]
+    assert env[-1] == {"name": "TEAM", "value": "blue"}
+    sa = json.loads(stack.kubectl("get", "serviceaccount", "donor-sa", "-o", "json").stdout)
+    assert sa["automountServiceAccountToken"] is False
+    assert [o["uid"] for o in sa["metadata"]["ownerReferences"]] == [task_uid]
+
+    # A task told to run in a Sandbox that does not exist yet: said so, nothing made.
+    manifest = task_manifest("byhand", agents=1, model="turns=100000,turn_ms=100")
+    manifest["spec"]["sandbox"] = {"name": "byhand-own"}
+    assert stack.apply(manifest).returncode == 0
+    missing = wait_until(lambda: condition(stack, "byhand", "SandboxFound"), 60,
+                         "the SandboxFound condition")  # fmt: skip
+    assert (missing["status"], missing["reason"]) == ("False", "SandboxNotFound"), missing
+    assert "byhand-own" in missing["message"]
+    assert [e["reason"] for e in stack.events_of("byhand") if e["type"] == "Warning"] == [
+        "SandboxNotFound"
+    ]
+    assert stack.status("default", "byhand")["phase"] == "Pending"
+    assert sandbox_names(stack) == ["donor-sbx"]
+
+    # The user's Sandbox appears (the donor's pod template, bound to byhand's queue and
+    # uid, on its own PVC): the task runs in it.
+    uid = stack.task("default", "byhand")["metadata"]["uid"]  # type: ignore[index]
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "byhand-ws", "namespace": "default"},
+           "spec": {"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+    assert stack.apply(pvc).returncode == 0
+    template = donor["spec"]["podTemplate"]
+    args = template["spec"]["containers"][0]["args"]
+    args[args.index("--queue") + 1] = "caliband.default.byhand"
+    args[args.index("--task-uid") + 1] = uid
+    for volume in template["spec"]["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] = "byhand-ws"
+    template["metadata"]["labels"][TASK_LABEL] = "byhand"
+    own = {"apiVersion": donor["apiVersion"], "kind": "Sandbox",
+           "metadata": {"name": "byhand-own", "namespace": "default"},
+           "spec": {"replicas": 1, "podTemplate": template}}  # fmt: skip
+    assert stack.apply(own).returncode == 0
+    stack.wait_phase("default", "byhand", "Running", timeout=120)
+    status = stack.status("default", "byhand")
+    assert (status["sandboxName"], status["pvcName"]) == ("byhand-own", "byhand-ws")
+    found = condition(stack, "byhand", "SandboxFound")
+    assert found is not None and found["status"] == "True", found
+
+    # Suspended and resumed on that Sandbox; never a second one.
+    patch_suspend(stack, "byhand", True)
+    stack.wait_phase("default", "byhand", "Suspended", timeout=120)
+    assert replicas(stack, "byhand-own") == "0"
+    assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
+    patch_suspend(stack, "byhand", False)
+    stack.wait_phase("default", "byhand", "Running", timeout=120)
+    assert replicas(stack, "byhand-own") == "1"
+    assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
+
+    # Deleted: drained, and the Sandbox it did not make is left where it was.
+    stack.kubectl("delete", "ctask", "byhand", timeout=120)
+    assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
+    stack.kubectl("delete", SANDBOXES, "byhand-own", timeout=60)
+    stack.kubectl("delete", "ctask", "donor", timeout=120)
