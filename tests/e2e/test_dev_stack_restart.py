@@ -102,7 +102,7 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
 
         wait_until(two_agents_taking_turns, 90, "2 agents with 3+ saved turns")
         task = kubectl_json(first, "ctask", "survivor")
-        sandbox = kubectl_json(first, "sandboxes.agents.x-k8s.io", "survivor")
+        sandbox = kubectl_json(first, "sandboxes.agents.x-k8s.io", "survivor-sbx")
         claim = kubectl_json(first, "pvc", pvc)
         # The stack's processes: its descendants, and anything else pointing into its dir.
         tree = {pid: command_of(pid) for pid in {*descendants(first.pid), *processes_of(root)}}
@@ -140,7 +140,7 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
         assert restored is not None
         assert restored["metadata"]["uid"] == task["metadata"]["uid"]
         assert restored["metadata"]["creationTimestamp"] == task["metadata"]["creationTimestamp"]
-        sandbox_now = kubectl_json(second, "sandboxes.agents.x-k8s.io", "survivor")
+        sandbox_now = kubectl_json(second, "sandboxes.agents.x-k8s.io", "survivor-sbx")
         assert sandbox_now["metadata"]["uid"] == sandbox["metadata"]["uid"]
         assert kubectl_json(second, "pvc", pvc)["metadata"]["uid"] == claim["metadata"]["uid"]
         saved = {agent: turns for agent, (turns, _) in after_kill.items()}

@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR
 from orchestrator.devcluster.up import METRICS_FILE, SANDBOXES_DIR
+from orchestrator.operator import crd
 from tests.e2e.support import DevStack, task_manifest
 from tests.probe_support import Samples, fetch, scrape, value
 from tests.support import wait_until
@@ -64,7 +65,9 @@ def answering(url: str) -> Callable[[], bool]:
 
 
 def daemon_url(stack: DevStack, name: str) -> str:
-    path = stack.state / SANDBOXES_DIR / DAEMON_METRICS_DIR / f"default.{name}"
+    """The metrics URL of task ``name``'s daemon, which the stand-in files by Sandbox."""
+    sandbox = crd.sandbox_name(name)
+    path = stack.state / SANDBOXES_DIR / DAEMON_METRICS_DIR / f"default.{sandbox}"
     url = str(wait_until(lambda: path.exists() and path.read_text().strip(), 60, str(path)))
     wait_until(lambda: fetch(base(url) + "/readyz")[0] == 200, 60, f"{url} ready")
     return url
