@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -181,6 +182,86 @@ def start_redis(port: int) -> subprocess.Popen[bytes]:
 
     wait_until(up, 15, f"redis on port {port}")
     return proc
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of our own on a free port, for tests that stop and start it:
+    stopping the machine's server would fail whatever the other xdist worker runs."""
+
+    def __init__(self) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+        if not bins:
+            pytest.skip("PostgreSQL's server binaries are not installed (/usr/lib/postgresql)")
+        self.bin = bins[-1].parent
+        self.port = free_port()
+        self.data = Path(tempfile.mkdtemp(prefix="drain-pg-"))
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._as_postgres(
+            str(self.bin / "initdb"), f"--pgdata={self.data}", "--username=postgres",
+            "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync",
+        )  # fmt: skip
+
+    def _prefix(self) -> list[str]:
+        if os.geteuid() != 0:
+            return []
+        shutil.chown(self.data, "postgres", "postgres")
+        return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+
+    def _as_postgres(self, *argv: str) -> None:
+        subprocess.run([*self._prefix(), *argv], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [*self._prefix(), str(self.bin / "postgres"), "-D", str(self.data),
+             "-k", str(self.data), "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_until(up, 30, f"PostgreSQL on port {self.port}")
+        self._await_queries()
+
+    def _await_queries(self) -> None:
+        import sqlalchemy as sa
+
+        def answers() -> bool:
+            engine = sa.create_engine(self.url)
+            try:
+                with engine.connect() as conn:
+                    return bool(conn.execute(sa.text("SELECT 1")).scalar_one() == 1)
+            except sa.exc.OperationalError:
+                return False  # still starting up
+            finally:
+                engine.dispose()
+
+        wait_until(answers, 30, f"PostgreSQL on port {self.port} to answer")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)  # a fast shutdown
+            self.proc.wait(60)
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A started :class:`PrivatePostgres` with the ledger migrated, removed afterwards."""
+    server = PrivatePostgres()
+    try:
+        server.start()
+        fresh_ledger(server.url)
+        yield server
+    finally:
+        server.close()
 
 
 class Stack:

@@ -5,8 +5,6 @@ twice."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -21,12 +19,14 @@ from tests.pipeline_support import (
     BROKERS,
     PG_URL,
     PipelineBroker,
+    PrivatePostgres,
     Stack,
     consumer_pid,
     fresh_postgres,
     fresh_sqlite,
     kill_hard,
     pipeline_broker,
+    private_postgres,
     private_redis,
     rabbitmqctl,
     start_redis,
@@ -180,41 +180,45 @@ def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
     assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
 
 
-def _postgres_ctl(action: str) -> None:
-    if shutil.which("pg_ctlcluster") is None:
-        pytest.skip("pg_ctlcluster is not installed: cannot restart PostgreSQL")
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+def test_postgres_restarted_between_drain_and_record_completes(
+    tmp_short: Path, broker: PipelineBroker
+) -> None:
+    """Tried: PostgreSQL down when record_checkpoint runs; it comes back later. The server
+    is one of the test's own, so that stopping it fails nothing the other worker runs."""
+    with private_postgres() as server:
+        stack = Stack(tmp_short, broker.url, server.url, results=broker.results)
+        for setting in TIMING:
+            stack.env.pop(setting, None)
+        try:
+            _record_survives_a_postgres_restart(stack, server)
+        finally:
+            stack.close()
 
 
-def test_postgres_restarted_between_drain_and_record_completes(pg_stack: Stack) -> None:
-    """Tried: PostgreSQL down when record_checkpoint runs; it comes back later."""
-    daemon = pg_stack.start_daemon("team-a", "task-p")
+def _record_survives_a_postgres_restart(stack: Stack, server: PrivatePostgres) -> None:
+    daemon = stack.start_daemon("team-a", "task-p")
     daemon.spawn_working(2, "turns=100000,turn_ms=30", 2)
-    started = pg_stack.drainctl("drain", "team-a/task-p")
+    started = stack.drainctl("drain", "team-a/task-p")
     assert started.returncode == 0, started.stderr
-    [op] = pg_stack.ledger.list_operations(namespace="team-a", name="task-p")
+    [op] = stack.ledger.list_operations(namespace="team-a", name="task-p")
     wait_until(
         lambda: all(r.status is AgentStatus.DRAINED for r in daemon.records().values()),
         60,
         "the daemon to drain (the record message now waits on the orchestrator queue)",
     )
-    pg_stack.ledger.dispose()
-    _postgres_ctl("stop")
+    stack.ledger.dispose()
+    server.stop()
     try:
-        pg_stack.start_worker()
-        wait_until(lambda: "Retry in" in pg_stack.worker_log(), 60, "record_checkpoint to retry")
+        stack.start_worker()
+        wait_until(lambda: "Retry in" in stack.worker_log(), 60, "record_checkpoint to retry")
     finally:
-        _postgres_ctl("start")
+        server.start()
     wait_until(
-        lambda: pg_stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
+        lambda: stack.ledger.get_operation(op.id).state == "recorded",  # type: ignore[union-attr]
         120,
         "the record after PostgreSQL returned",
     )
-    assert checkpoint_rows(PG_URL) == (1, 2)
+    assert checkpoint_rows(server.url) == (1, 2)
 
 
 def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: Path) -> None:
