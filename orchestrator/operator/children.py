@@ -88,3 +88,47 @@ def network_policy(
             ],
         },
     }
+
+
+NAMED_LISTS: frozenset[str] = frozenset({
+    "containers", "initContainers", "ephemeralContainers", "volumes", "env", "envFrom",
+    "volumeMounts", "volumeDevices", "ports", "imagePullSecrets", "resourceClaims",
+})  # fmt: skip
+"""The pod-spec lists whose items are keyed by ``name`` (a strategic merge's keys)."""
+
+
+def merge_under(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """``theirs`` (``spec.sandbox.podTemplate``) merged under ``ours`` (the pod template
+    the operator generates): what the user adds is kept (a nodeSelector, tolerations, a
+    label, a sidecar, the daemon container's resources); where both set a value, ours
+    wins, so the user cannot unset what the drain contract needs (the task label, the
+    token-less ServiceAccount, the daemon's args, its workspace mount). Objects merge key
+    by key; the lists of ``NAMED_LISTS`` merge item by item on ``name``, ours first; any
+    other list is ours where we set one."""
+    merged = dict(theirs)
+    for key, value in ours.items():
+        under = theirs.get(key)
+        if isinstance(value, dict) and isinstance(under, dict):
+            merged[key] = merge_under(value, under)
+        elif key in NAMED_LISTS and isinstance(value, list) and isinstance(under, list):
+            merged[key] = _merge_named(value, under)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _merge_named(ours: list[Any], theirs: list[Any]) -> list[Any]:
+    def name(item: Any) -> Any:
+        return item.get("name") if isinstance(item, dict) else None
+
+    by_name = {name(item): item for item in theirs if name(item) is not None}
+    taken = {name(item) for item in ours if name(item) is not None}
+    merged = [
+        merge_under(item, by_name[name(item)])
+        if isinstance(item, dict)
+        and name(item) in by_name
+        and isinstance(by_name[name(item)], dict)
+        else item
+        for item in ours
+    ]
+    return merged + [item for item in theirs if name(item) is None or name(item) not in taken]

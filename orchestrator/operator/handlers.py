@@ -767,10 +767,11 @@ class Reconciler:
                 **suspended,
                 # The task label is how the drain guard (a PodDisruptionBudget) finds the
                 # pod; the component label is what the daemon NetworkPolicy selects.
-                "podTemplate": {
-                    "metadata": {"labels": pod_labels},
-                    "spec": pod_spec,
-                },
+                # The user's spec.sandbox.podTemplate goes under ours: what it adds is
+                # kept, what it sets that we set is ours.
+                "podTemplate": children.merge_under(
+                    {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.pod_template
+                ),
             },
         }
 

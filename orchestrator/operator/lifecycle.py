@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -113,6 +113,9 @@ class TaskSpec:
     """``spec.task.env`` (name, value), appended to the daemon container's env."""
     storage_class: str | None = None
     """``spec.workspace.storageClassName`` for the workspace PVC."""
+    pod_template: dict[str, Any] = field(default_factory=dict, hash=False)
+    """``spec.sandbox.podTemplate`` (``metadata`` and ``spec``), merged under the pod
+    template the operator generates (``children.merge_under``)."""
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
@@ -189,6 +192,7 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     if storage_class is not None and not isinstance(storage_class, str):
         raise SpecError("workspace.storageClassName", f"{storage_class!r} is not a name")
     storage = _value_or(workspace, "storage", "1Gi")
+    pod_template = _parse_pod_template(sandbox.get("podTemplate"))
     return TaskSpec(
         agents=agents,
         provider=provider,
@@ -206,7 +210,32 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         image=image,
         env=env,
         storage_class=storage_class,
+        pod_template=pod_template,
     )
+
+
+def _parse_pod_template(template: Any) -> dict[str, Any]:
+    """``spec.sandbox.podTemplate``: an object of ``metadata`` and ``spec`` objects, whose
+    named lists (containers, volumes, env…) are lists of objects, each with a name."""
+    if template is None:
+        return {}
+    field_name = "sandbox.podTemplate"
+    if not isinstance(template, dict):
+        raise SpecError(field_name, f"must be an object, not {type(template).__name__}")
+    unknown = sorted(set(template) - {"metadata", "spec"})
+    if unknown:
+        raise SpecError(field_name, f"has {', '.join(unknown)}; it takes metadata and spec")
+    for key in ("metadata", "spec"):
+        if not isinstance(template.get(key, {}), dict):
+            raise SpecError(f"{field_name}.{key}", "must be an object")
+    pod = template.get("spec") or {}
+    for key in ("containers", "initContainers", "volumes"):
+        items = pod.get(key, [])
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) and i["name"] for i in items
+        ):
+            raise SpecError(f"{field_name}.spec.{key}", "must be a list of objects with a name")
+    return template
 
 
 def _parse_env(env: Any) -> tuple[tuple[str, str], ...]:

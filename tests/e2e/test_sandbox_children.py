@@ -1,7 +1,8 @@
 """caliban-operator's Sandbox conventions, with the real kubectl against the dev stack's
 embedded defaults: the Sandbox the operator makes is ``<task>-sbx``, and a task whose
 ``spec.sandbox.name`` names an existing Sandbox is run, suspended and resumed on that one,
-with no second Sandbox ever made for it.
+with no second Sandbox ever made for it; the task's ``spec.sandbox.podTemplate`` is merged
+under the operator's pod template.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
 ) -> None:
     donor_manifest = task_manifest("donor", agents=1, model="turns=2,turn_ms=20")
     donor_manifest["spec"]["task"]["env"] = [{"name": "TEAM", "value": "blue"}]
+    # The user's pod template goes under ours: its additions kept, ours winning.
+    donor_manifest["spec"]["sandbox"] = {"podTemplate": {
+        "metadata": {"labels": {"team": "blue", TASK_LABEL: "not-donor"}},
+        "spec": {"nodeSelector": {"pool": "agents"}, "serviceAccountName": "admin",
+                 "containers": [{"name": "caliband",
+                                 "resources": {"limits": {"memory": "2Gi"}}}]},
+    }}  # fmt: skip
     assert stack.apply(donor_manifest).returncode == 0
     stack.wait_phase("default", "donor", "Running", timeout=120)
     assert stack.status("default", "donor")["sandboxName"] == "donor-sbx" == sandbox_name("donor")
@@ -65,6 +73,11 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     # The pod runs as the task's own ServiceAccount: no token, owned by the task.
     task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
     assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    pod = donor["spec"]["podTemplate"]
+    assert pod["metadata"]["labels"]["team"] == "blue"
+    assert pod["metadata"]["labels"][TASK_LABEL] == "donor"
+    assert pod["spec"]["nodeSelector"] == {"pool": "agents"}
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"memory": "2Gi"}}
     env = donor["spec"]["podTemplate"]["spec"]["containers"][0]["env"]
     assert env[-1] == {"name": "TEAM", "value": "blue"}
     sa = json.loads(stack.kubectl("get", "serviceaccount", "donor-sa", "-o", "json").stdout)

@@ -50,3 +50,73 @@ def test_the_network_policy_admits_only_metrics_and_reaches_only_dns_and_the_bro
     ports = sorted((p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"])
     assert ports == [("TCP", 53), ("TCP", 7000), ("UDP", 53)]
     assert "pw" not in str(policy)
+
+
+OURS = {
+    "metadata": {"labels": {crd.TASK_LABEL: "t", crd.COMPONENT_LABEL: "daemon"}},
+    "spec": {
+        "serviceAccountName": "t-sa",
+        "automountServiceAccountToken": False,
+        "containers": [{"name": "caliband", "image": "ours:1", "args": ["daemon"],
+                        "env": [{"name": "DRAIN_LOG_FORMAT", "value": "text"}]}],
+        "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "ws-t"}}],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("theirs", "path", "expected"),
+    [
+        # What the user adds is kept.
+        ({"spec": {"nodeSelector": {"pool": "agents"}}}, ("spec", "nodeSelector"),
+         {"pool": "agents"}),
+        ({"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}},
+         ("spec", "tolerations"), [{"key": "gpu", "operator": "Exists"}]),
+        ({"metadata": {"labels": {"team": "a"}}}, ("metadata", "labels", "team"), "a"),
+        ({"metadata": {"annotations": {"a": "1"}}}, ("metadata", "annotations"), {"a": "1"}),
+        ({"spec": {"containers": [{"name": "caliband", "resources": {"limits": {"cpu": "2"}}}]}},
+         ("spec", "containers", 0, "resources"), {"limits": {"cpu": "2"}}),
+        ({"spec": {"containers": [{"name": "caliband",
+                                   "env": [{"name": "HTTPS_PROXY", "value": "x"}]}]}},
+         ("spec", "containers", 0, "env"),
+         [{"name": "DRAIN_LOG_FORMAT", "value": "text"}, {"name": "HTTPS_PROXY", "value": "x"}]),
+        ({"spec": {"containers": [{"name": "sidecar", "image": "s:1"}]}},
+         ("spec", "containers", 1), {"name": "sidecar", "image": "s:1"}),
+        ({"spec": {"volumes": [{"name": "cache", "emptyDir": {}}]}}, ("spec", "volumes", 1),
+         {"name": "cache", "emptyDir": {}}),
+        # Where both set a value, ours wins: the drain contract cannot be unset.
+        ({"metadata": {"labels": {crd.TASK_LABEL: "other"}}},
+         ("metadata", "labels", crd.TASK_LABEL), "t"),
+        ({"spec": {"automountServiceAccountToken": True}}, ("spec", "automountServiceAccountToken"),
+         False),
+        ({"spec": {"serviceAccountName": "admin"}}, ("spec", "serviceAccountName"), "t-sa"),
+        ({"spec": {"containers": [{"name": "caliband", "image": "theirs:9", "args": []}]}},
+         ("spec", "containers", 0, "image"), "ours:1"),
+        ({"spec": {"containers": [{"name": "caliband", "args": ["sh"]}]}},
+         ("spec", "containers", 0, "args"), ["daemon"]),
+        ({"spec": {"containers": [{"name": "caliband",
+                                   "env": [{"name": "DRAIN_LOG_FORMAT", "value": "json"}]}]}},
+         ("spec", "containers", 0, "env"), [{"name": "DRAIN_LOG_FORMAT", "value": "text"}]),
+        ({"spec": {"volumes": [{"name": "workspace", "emptyDir": {}}]}}, ("spec", "volumes"),
+         [{"name": "workspace", "persistentVolumeClaim": {"claimName": "ws-t"}, "emptyDir": {}}]),
+        # No template: ours unchanged.
+        ({}, (), OURS),
+    ],
+)  # fmt: skip
+def test_the_users_pod_template_goes_under_ours(
+    theirs: dict[str, object], path: tuple[str | int, ...], expected: object
+) -> None:
+    value: object = children.merge_under(OURS, theirs)
+    for step in path:
+        value = value[step]  # type: ignore[index]
+    assert value == expected
+
+
+def test_the_daemon_container_stays_first_and_ours_is_not_mutated() -> None:
+    before = repr(OURS)
+    merged = children.merge_under(
+        OURS, {"spec": {"containers": [{"name": "sidecar"}, {"name": "caliband", "tty": True}]}}
+    )
+    assert [c["name"] for c in merged["spec"]["containers"]] == ["caliband", "sidecar"]
+    assert merged["spec"]["containers"][0]["tty"] is True
+    assert repr(OURS) == before

@@ -88,3 +88,27 @@ def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> No
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     assert container["image"] == "reg.example/caliband:1"
     assert container["env"] == [*plain["env"], {"name": "A", "value": "1"}]
+
+
+def test_the_sandbox_pod_template_of_the_spec_is_merged_under_ours() -> None:
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    reconciler = Reconciler(
+        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
+    )
+    template = {
+        "metadata": {"labels": {"team": "a", crd.TASK_LABEL: "someone-else"}},
+        "spec": {
+            "nodeSelector": {"pool": "agents"},
+            "serviceAccountName": "admin",
+            "containers": [{"name": "caliband", "resources": {"limits": {"memory": "2Gi"}}}],
+        },
+    }
+    spec = parse_spec({**TASK["spec"], "sandbox": {"podTemplate": template}})
+    pod = reconciler.sandbox_body(spec, "ws-demo")["spec"]["podTemplate"]
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["labels"][crd.TASK_LABEL] == "demo"
+    assert pod["spec"]["nodeSelector"] == {"pool": "agents"}
+    assert pod["spec"]["serviceAccountName"] == "demo-sa"
+    [container] = pod["spec"]["containers"]
+    assert container["resources"] == {"limits": {"memory": "2Gi"}}
+    assert container["command"] == ["drainctl"]

@@ -127,6 +127,18 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
         ({"workspace": {"storageClassName": 5}}, "workspace.storageClassName"),
         ({"sandbox": {"name": 7}}, "sandbox.name"),
         ({"sandbox": {"name": "x" * 64}}, "sandbox.name"),
+        ({"sandbox": {"podTemplate": "nodeSelector: a"}}, "sandbox.podTemplate"),
+        ({"sandbox": {"podTemplate": {"nodeSelector": {"a": "b"}}}}, "sandbox.podTemplate"),
+        ({"sandbox": {"podTemplate": {"spec": []}}}, "sandbox.podTemplate.spec"),
+        ({"sandbox": {"podTemplate": {"metadata": "x"}}}, "sandbox.podTemplate.metadata"),
+        (
+            {"sandbox": {"podTemplate": {"spec": {"containers": {"name": "c"}}}}},
+            "sandbox.podTemplate.spec.containers",
+        ),
+        (
+            {"sandbox": {"podTemplate": {"spec": {"volumes": [{"emptyDir": {}}]}}}},
+            "sandbox.podTemplate.spec.volumes",
+        ),
     ],
 )
 def test_malformed_specs_name_the_field(bad: dict[str, Any], field: str) -> None:
