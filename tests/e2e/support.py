@@ -8,7 +8,9 @@ import contextlib
 import json
 import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +262,18 @@ class DevStack(DevStackProcess):
     def close(self) -> None:
         self.stop(90)
         self.ledger.dispose()
+
+
+@contextlib.contextmanager
+def embedded_stack(prefix: str, env: dict[str, str] | None = None) -> Iterator[DevStack]:
+    """A started :class:`DevStack` on the embedded broker with a SQLite ledger, in a fresh
+    directory of /tmp named ``prefix…``; closed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    dev = DevStack(root, None, f"sqlite:///{root / 'ledger.db'}", env=env)
+    try:
+        yield dev
+    finally:
+        dev.close()
 
 
 def task_manifest(

@@ -10,16 +10,14 @@ saw only from a pass over the object, so waiting for it proves a pass ran since.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.operator.crd import sandbox_name
 from orchestrator.operator.lifecycle import CREATED_SUSPENDED
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -30,12 +28,8 @@ PASSES = 4
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    root = Path(tempfile.mkdtemp(prefix="cd-suspended-", dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db")
-    try:
+    with embedded_stack("cd-suspended-") as dev:
         yield dev
-    finally:
-        dev.close()
 
 
 def suspended(name: str, agents: int = 2, ref: str | None = None) -> dict[str, Any]:

@@ -7,9 +7,7 @@ that did."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +15,7 @@ import pytest
 from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR
 from orchestrator.devcluster.up import METRICS_FILE, SANDBOXES_DIR
 from orchestrator.operator import crd
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.probe_support import Samples, fetch, scrape, value
 from tests.support import wait_until
 from worker_agent.contract import DAEMON_RESUME, RECORD_CHECKPOINT
@@ -41,12 +39,8 @@ def base(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    root = Path(tempfile.mkdtemp(prefix="cd-metrics-", dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root / 'ledger.db'}")
-    try:
+    with embedded_stack("cd-metrics-") as dev:
         yield dev
-    finally:
-        dev.close()
 
 
 def urls(stack: DevStack) -> dict[str, str]:

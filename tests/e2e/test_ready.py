@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from orchestrator.operator.crd import sandbox_name
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 from worker_agent.testing import DRAINCTL
 
@@ -31,12 +30,8 @@ NAME = "ready-1"
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    root = Path(tempfile.mkdtemp(prefix="cd-ready-", dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db", env={"DRAIN_LOG_FORMAT": "json"})
-    try:
+    with embedded_stack("cd-ready-", env={"DRAIN_LOG_FORMAT": "json"}) as dev:
         yield dev
-    finally:
-        dev.close()
 
 
 def ready_condition(stack: DevStack, name: str) -> dict[str, Any]:

@@ -8,15 +8,13 @@ under the operator's pod template.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.operator.crd import TASK_LABEL, sandbox_name
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -26,12 +24,8 @@ SANDBOXES = "sandboxes.v1alpha1.agents.x-k8s.io"
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    root = Path(tempfile.mkdtemp(prefix="cd-children-", dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db")
-    try:
+    with embedded_stack("cd-children-") as dev:
         yield dev
-    finally:
-        dev.close()
 
 
 def sandbox_names(stack: DevStack) -> list[str]:

@@ -11,15 +11,13 @@ reason naming the field, and a Warning event.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import upstream
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -27,12 +25,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    root = Path(tempfile.mkdtemp(prefix="cd-upstream-", dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root}/ledger.db")
-    try:
+    with embedded_stack("cd-upstream-") as dev:
         yield dev
-    finally:
-        dev.close()
 
 
 def spec_valid(status: dict[str, Any]) -> tuple[str, str]:
