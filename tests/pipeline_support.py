@@ -197,37 +197,27 @@ class PrivatePostgres:
         self.data = Path(tempfile.mkdtemp(prefix="drain-pg-"))
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
         self.proc: subprocess.Popen[bytes] | None = None
-        self._as_postgres(
-            str(self.bin / "initdb"), f"--pgdata={self.data}", "--username=postgres",
-            "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync",
+        # The server refuses to run as root: as root, it runs as the postgres user.
+        self.as_postgres: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.data, "postgres", "postgres")
+            self.as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+        subprocess.run(
+            [*self.as_postgres, str(self.bin / "initdb"), f"--pgdata={self.data}",
+             "--username=postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
+             "--no-sync"],
+            check=True, capture_output=True, timeout=120,
         )  # fmt: skip
 
-    def _prefix(self) -> list[str]:
-        if os.geteuid() != 0:
-            return []
-        shutil.chown(self.data, "postgres", "postgres")
-        return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
-
-    def _as_postgres(self, *argv: str) -> None:
-        subprocess.run([*self._prefix(), *argv], check=True, capture_output=True, timeout=120)
-
     def start(self) -> None:
+        import sqlalchemy as sa
+
         self.proc = subprocess.Popen(
-            [*self._prefix(), str(self.bin / "postgres"), "-D", str(self.data),
+            [*self.as_postgres, str(self.bin / "postgres"), "-D", str(self.data),
              "-k", str(self.data), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-
-        def up() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-        wait_until(up, 30, f"PostgreSQL on port {self.port}")
-        self._await_queries()
-
-    def _await_queries(self) -> None:
-        import sqlalchemy as sa
 
         def answers() -> bool:
             engine = sa.create_engine(self.url)
@@ -235,7 +225,7 @@ class PrivatePostgres:
                 with engine.connect() as conn:
                     return bool(conn.execute(sa.text("SELECT 1")).scalar_one() == 1)
             except sa.exc.OperationalError:
-                return False  # still starting up
+                return False  # not listening yet, or still starting up
             finally:
                 engine.dispose()
 

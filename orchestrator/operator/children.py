@@ -122,13 +122,8 @@ def _merge_named(ours: list[Any], theirs: list[Any]) -> list[Any]:
         return item.get("name") if isinstance(item, dict) else None
 
     by_name = {name(item): item for item in theirs if name(item) is not None}
-    taken = {name(item) for item in ours if name(item) is not None}
+    taken = {name(item) for item in ours} - {None}
     merged = [
-        merge_under(item, by_name[name(item)])
-        if isinstance(item, dict)
-        and name(item) in by_name
-        and isinstance(by_name[name(item)], dict)
-        else item
-        for item in ours
+        merge_under(item, by_name[name(item)]) if name(item) in by_name else item for item in ours
     ]
     return merged + [item for item in theirs if name(item) is None or name(item) not in taken]
