@@ -203,6 +203,24 @@ def should_run(version: str, sandbox: dict[str, Any]) -> bool:
     return int(spec.get("replicas", 1) or 0) > 0
 
 
+def sandbox_status(
+    name: str, namespace: str, ready: tuple[str, str, str], *, running: bool
+) -> dict[str, Any]:
+    """A Sandbox's ``status``: its ``Ready`` condition (status, reason, message), how many
+    pods run, and the FQDN of the headless Service the real controller makes for it."""
+    status, reason, message = ready
+    return {
+        "serviceFQDN": f"{name}.{namespace}.svc.cluster.local",
+        "service": name,
+        "replicas": 1 if running else 0,
+        "conditions": [{
+            "type": "Ready", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "observedGeneration": 0,
+        }],
+    }  # fmt: skip
+
+
 DAEMON_METRICS_DIR = "daemon-metrics"
 """Where each pod's daemon's ``/metrics`` URL is written, one file per Sandbox
 (``<namespace>.<name>``), rewritten when its pod is started again."""
@@ -224,6 +242,7 @@ class SandboxController:
         self.stopping = asyncio.Event()
         self.driver = csi.HostPathDriver(state_dir)
         self._waiting: dict[str, str] = {}  # Sandbox uid → why its pod waits, logged once
+        self._reported: dict[str, dict[str, Any]] = {}  # Sandbox uid → the status written
 
     def volume_dir(self, namespace: str, claim: str) -> Path:
         return csi.volume_dir(self.state_dir, namespace, claim)
@@ -253,11 +272,11 @@ class SandboxController:
         # Every version serves the same stored objects (there is no conversion webhook),
         # so each is read through the storage version only, as the real controller does.
         version = await asyncio.to_thread(self._storage_version)
-        if version is not None:
-            for sandbox in await asyncio.to_thread(self._list_sandboxes, version):
-                # Keyed by uid: a Sandbox re-created under the same name is another pod.
-                if should_run(version, sandbox):
-                    wanted[str(sandbox["metadata"]["uid"])] = (version, sandbox)
+        listed = [] if version is None else await asyncio.to_thread(self._list_sandboxes, version)
+        for sandbox in listed:
+            # Keyed by uid: a Sandbox re-created under the same name is another pod.
+            if version is not None and should_run(version, sandbox):
+                wanted[str(sandbox["metadata"]["uid"])] = (version, sandbox)
         for key in list(self.pods):
             pod = self.pods[key]
             if key not in wanted and not pod.stopping:
@@ -272,9 +291,47 @@ class SandboxController:
                 await self.start_pod(key, sandbox)
         for key in set(self._waiting) - set(wanted):
             del self._waiting[key]
+        if version is not None:
+            await self.report_status(version, listed, set(wanted))
         await self.collect_volumes()
         await asyncio.to_thread(self.sync_pod_objects, [p.manifest for p in self.pods.values()
                                                         if p.manifest is not None])  # fmt: skip
+
+    async def report_status(
+        self, version: str, sandboxes: list[dict[str, Any]], wanted: set[str]
+    ) -> None:
+        """Each Sandbox's status as the real controller writes it: ``Ready`` (True while
+        its pod's process runs; False, saying why, while it waits or is suspended),
+        ``replicas`` and ``serviceFQDN``; written only when it changes."""
+        for sandbox in sandboxes:
+            meta = sandbox["metadata"]
+            key = str(meta["uid"])
+            if meta.get("deletionTimestamp"):
+                continue
+            pod = self.pods.get(key)
+            if key not in wanted:
+                ready = ("False", "SandboxSuspended", "the Sandbox is suspended: no pod runs")
+            elif pod is not None and pod.process.returncode is None:
+                ready = ("True", "DependenciesReady", "the pod is running")
+            else:
+                waiting = self._waiting.get(key) or "the pod is starting"
+                ready = ("False", "DependenciesNotReady", waiting)
+            status = sandbox_status(meta["name"], meta["namespace"], ready, running=pod is not None)
+            if self._reported.get(key) == status:
+                continue
+            try:
+                await asyncio.to_thread(
+                    client.CustomObjectsApi().patch_namespaced_custom_object_status,
+                    SANDBOX_GROUP, version, meta["namespace"], SANDBOX_PLURAL, meta["name"],
+                    {"status": status},
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status != 404:  # gone since it was listed
+                    raise
+                continue
+            self._reported[key] = status
+        for key in set(self._reported) - {str(s["metadata"]["uid"]) for s in sandboxes}:
+            del self._reported[key]
 
     @staticmethod
     def _storage_version() -> str | None:

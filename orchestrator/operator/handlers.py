@@ -74,6 +74,8 @@ from orchestrator.operator.lifecycle import (
     parse_time,
     readiness,
     resume_outcome,
+    sandbox_readiness,
+    sandbox_service_fqdn,
     sandbox_suspension_patch,
     sandbox_version_problem,
     sandbox_workspace_claim,
@@ -359,6 +361,7 @@ class Reconciler:
                 return
             pvc_name = sandbox_workspace_claim(existing) or pvc_name
             self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
+            self.reflect_sandbox(existing)
         self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None)
         if self.settings.manage_sandbox and spec.sandbox_name is not None:
             await kube.patch_sandbox(
@@ -646,16 +649,18 @@ class Reconciler:
             return
         version = spec.sandbox_api_version
         sandbox = self.sandbox_of(spec)
-        if await kube.get_sandbox(version, self.namespace, sandbox) is not None:
+        found = await kube.get_sandbox(version, self.namespace, sandbox)
+        if found is not None:
             if spec.sandbox_name is not None:
                 self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
+            self.reflect_sandbox(found)
             return
         if spec.sandbox_name is not None:
             self.existing_sandbox_missing(spec.sandbox_name)
             return
         pvc = self.pvc_name
-        found = await kube.get_pvc(self.namespace, pvc)
-        if found is None or found.metadata.deletion_timestamp is not None:
+        claim = await kube.get_pvc(self.namespace, pvc)
+        if claim is None or claim.metadata.deletion_timestamp is not None:
             message = (
                 f"Sandbox {self.namespace}/{sandbox} and its workspace PVC {pvc} are gone: "
                 "nothing to bring the agents back on; no fresh agents were started"
@@ -674,6 +679,22 @@ class Reconciler:
         )
         kopf.warn(self.body, reason="SandboxMissing", message=message)
         await self.create_sandbox(spec, pvc)
+
+    async def refresh_sandbox(self, spec: TaskSpec) -> None:
+        """Read the task's Sandbox once (as the task starts running) and reflect it."""
+        if not self.settings.manage_sandbox:
+            return
+        found = await kube.get_sandbox(
+            spec.sandbox_api_version, self.namespace, self.sandbox_of(spec)
+        )
+        if found is not None:
+            self.reflect_sandbox(found)
+
+    def reflect_sandbox(self, sandbox: dict[str, Any]) -> None:
+        """What the Sandbox's controller reports, on the task: ``SandboxReady`` (its
+        ``Ready`` condition) and ``status.serviceFQDN``."""
+        self.apply_condition(sandbox_readiness(sandbox))
+        self.set_status(serviceFQDN=sandbox_service_fqdn(sandbox))
 
     def sandbox_of(self, spec: TaskSpec) -> str:
         """The name of the Sandbox this task drains, suspends and resumes."""
@@ -861,6 +882,7 @@ class Reconciler:
             )
             self.recovered(reported)
             self.consume_wake()
+            await self.refresh_sandbox(spec)
             self.set_phase(Phase.RUNNING, f"{activity.agents_live} agents live")
         elif step is LaunchStep.RECOVER:
             assert activity is not None and reported is not None

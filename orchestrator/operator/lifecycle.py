@@ -577,6 +577,33 @@ def sandbox_workspace_claim(sandbox: dict[str, Any]) -> str | None:
     return claims[0] if len(claims) == 1 else None
 
 
+def sandbox_readiness(sandbox: dict[str, Any]) -> ConditionChange:
+    """``SandboxReady`` from the Sandbox's own ``Ready`` condition (its controller's
+    reason and message, with the Sandbox named), Unknown while its controller has written
+    none: a Sandbox that never becomes Ready is seen on the task, not only on the Sandbox."""
+    name = (sandbox.get("metadata") or {}).get("name", "?")
+    conditions = (sandbox.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    if ready is None:
+        return ConditionChange(
+            "SandboxReady", None, "NoSandboxStatus",
+            f"Sandbox {name} has no Ready condition yet (its controller has not reported)",
+        )  # fmt: skip
+    status = {"True": True, "False": False}.get(str(ready.get("status")))
+    reason = str(ready.get("reason") or "SandboxReported")
+    said = str(ready.get("message") or "").strip()
+    state = {True: "is Ready", False: "is not Ready", None: "reports Ready Unknown"}[status]
+    return ConditionChange(
+        "SandboxReady", status, reason, f"Sandbox {name} {state}" + (f": {said}" if said else "")
+    )
+
+
+def sandbox_service_fqdn(sandbox: dict[str, Any]) -> str | None:
+    """The Sandbox's ``status.serviceFQDN``, where its controller has written one."""
+    fqdn = (sandbox.get("status") or {}).get("serviceFQDN")
+    return fqdn if isinstance(fqdn, str) and fqdn else None
+
+
 def sandbox_suspension_patch(api_version: str, suspended: bool) -> dict[str, Any]:
     """The Sandbox spec change that stops (or restarts) its pod, per API version."""
     if api_version == SANDBOX_V1BETA1:

@@ -67,6 +67,12 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     # The pod runs as the task's own ServiceAccount: no token, owned by the task.
     task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
     assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    # What the Sandbox's controller reports is on the task.
+    ready = wait_until(lambda: condition(stack, "donor", "SandboxReady"), 60,
+                       "the SandboxReady condition")  # fmt: skip
+    assert (ready["status"], ready["reason"]) == ("True", "DependenciesReady"), ready
+    fqdn = stack.status("default", "donor")["serviceFQDN"]
+    assert fqdn == "donor-sbx.default.svc.cluster.local" == donor["status"]["serviceFQDN"]
     pod = donor["spec"]["podTemplate"]
     assert pod["metadata"]["labels"]["team"] == "blue"
     assert pod["metadata"]["labels"][TASK_LABEL] == "donor"
@@ -133,3 +139,34 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
     stack.kubectl("delete", SANDBOXES, "byhand-own", timeout=60)
     stack.kubectl("delete", "ctask", "donor", timeout=120)
+
+
+def test_a_sandbox_that_never_becomes_ready_shows_on_the_task_with_its_reason(
+    stack: DevStack,
+) -> None:
+    manifest = task_manifest("stuck", agents=1, model="turns=2,turn_ms=20")
+    manifest["spec"]["sandbox"] = {"name": "stuck-own"}
+    assert stack.apply(manifest).returncode == 0
+    # Its pod's container reads a key of a Secret that does not exist: kubelet (and the
+    # stand-in) never start it, and the Sandbox stays not Ready.
+    container = {"name": "caliband", "image": "caliban-drain:dev", "command": ["drainctl"],
+                 "args": ["daemon"],
+                 "env": [{"name": "CALIBAN_API_KEY", "valueFrom": {"secretKeyRef": {
+                     "name": "no-such-secret", "key": "api-key"}}}]}  # fmt: skip
+    own = {"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
+           "metadata": {"name": "stuck-own", "namespace": "default"},
+           "spec": {"replicas": 1, "podTemplate": {
+               "metadata": {"labels": {TASK_LABEL: "stuck"}},
+               "spec": {"containers": [container]}}}}  # fmt: skip
+    assert stack.apply(own).returncode == 0
+
+    def not_ready() -> dict[str, Any] | None:
+        found = condition(stack, "stuck", "SandboxReady")
+        return found if found is not None and found["status"] == "False" else None
+
+    seen = wait_until(not_ready, 90, "SandboxReady=False on the task")
+    assert seen["reason"] == "DependenciesNotReady", seen
+    assert "no-such-secret" in seen["message"] and "stuck-own" in seen["message"], seen
+    assert stack.status("default", "stuck")["phase"] == "Provisioning"
+    stack.kubectl("delete", "ctask", "stuck", "--wait=false", timeout=60)
+    stack.kubectl("delete", SANDBOXES, "stuck-own", timeout=60)

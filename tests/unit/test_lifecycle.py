@@ -54,6 +54,8 @@ from orchestrator.operator.lifecycle import (
     parse_spec,
     readiness,
     resume_outcome,
+    sandbox_readiness,
+    sandbox_service_fqdn,
     sandbox_suspension_patch,
     sandbox_version_problem,
     sandbox_workspace_claim,
@@ -1063,3 +1065,46 @@ def test_image_env_and_storage_class_are_read_from_the_spec(
 ) -> None:  # fmt: skip
     parsed = parse_spec({"task": task, "workspace": workspace})
     assert (parsed.image, parsed.env, parsed.storage_class) == (image, env, storage_class)
+
+
+def _sandbox(status: dict[str, Any] | None) -> dict[str, Any]:
+    return {"metadata": {"name": "t-sbx"}, **({"status": status} if status is not None else {})}
+
+
+@pytest.mark.parametrize(
+    ("status", "ok", "reason", "says"),
+    [
+        (None, None, "NoSandboxStatus", "Sandbox t-sbx has no Ready condition yet"),
+        ({"conditions": []}, None, "NoSandboxStatus", "has no Ready condition"),
+        ({"conditions": [{"type": "Suspended", "status": "True"}]}, None, "NoSandboxStatus",
+         "has no Ready condition"),
+        ({"conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady"}]},
+         True, "DependenciesReady", "Sandbox t-sbx is Ready"),
+        ({"conditions": [{"type": "Ready", "status": "False", "reason": "DependenciesNotReady",
+                          "message": "secret ollama-key not found"}]},
+         False, "DependenciesNotReady", "is not Ready: secret ollama-key not found"),
+        ({"conditions": [{"type": "Ready", "status": "Unknown"}]}, None, "SandboxReported",
+         "reports Ready Unknown"),
+    ],
+)  # fmt: skip
+def test_the_sandboxes_ready_condition_is_reflected_on_the_task(
+    status: dict[str, Any] | None, ok: bool | None, reason: str, says: str
+) -> None:
+    change = sandbox_readiness(_sandbox(status))
+    assert (change.type, change.status, change.reason) == ("SandboxReady", ok, reason)
+    assert says in change.message
+
+
+@pytest.mark.parametrize(
+    ("status", "fqdn"),
+    [
+        (None, None),
+        ({"serviceFQDN": ""}, None),
+        ({"serviceFQDN": 5}, None),
+        ({"serviceFQDN": "t-sbx.ns.svc.cluster.local"}, "t-sbx.ns.svc.cluster.local"),
+    ],
+)
+def test_the_sandboxes_service_fqdn_is_read_only_where_written(
+    status: dict[str, Any] | None, fqdn: str | None
+) -> None:
+    assert sandbox_service_fqdn(_sandbox(status)) == fqdn

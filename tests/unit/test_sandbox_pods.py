@@ -36,3 +36,19 @@ def test_a_pod_is_owned_by_its_sandbox_and_held_by_its_process() -> None:
 def test_a_long_sandbox_name_still_gives_a_valid_pod_name() -> None:
     long = {**SANDBOX, "metadata": {**SANDBOX["metadata"], "name": "t" * 253}}  # type: ignore[dict-item]
     assert len(pod_manifest(long, POD_SPEC)["metadata"]["name"]) <= 253
+
+
+def test_the_stand_in_reports_a_sandboxs_readiness_and_service_as_the_controller_does() -> None:
+    from orchestrator.devcluster.sandbox_controller import sandbox_status
+
+    up = sandbox_status("t-sbx", "ns", ("True", "DependenciesReady", "running"), running=True)
+    assert up["serviceFQDN"] == "t-sbx.ns.svc.cluster.local"
+    assert up["replicas"] == 1
+    [ready] = up["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == (
+        "Ready",
+        "True",
+        "DependenciesReady",
+    )
+    down = sandbox_status("t-sbx", "ns", ("False", "SandboxSuspended", "none"), running=False)
+    assert down["replicas"] == 0 and down["conditions"][0]["status"] == "False"
