@@ -238,12 +238,24 @@ def test_redis_restarted_mid_chain_completes_or_fails_with_a_reason(tmp_short: P
             stack.start_worker()
             daemon = stack.start_daemon("team-a", "task-b")
             daemon.spawn_working(2, "turns=100000,turn_ms=3000", 1)
+            # The drain expires in 20 s here: a consumer still starting under CI's load
+            # would discard it, which is another test's subject.
+            wait_until(
+                lambda: "broker_connection state=connected" in daemon.log_text(),
+                60,
+                "the daemon's consumer to connect",
+            )
             started = stack.drainctl("drain", "team-a/task-b", "--grace", "20")
             assert started.returncode == 0, started.stderr
+            # DRAINED counts too: an agent flushes on SIGTERM in milliseconds, so a poll can
+            # miss the DRAINING window; either way the record is still ahead of the chain.
             wait_until(
-                lambda: any(r.status is AgentStatus.DRAINING for r in daemon.records().values()),
-                30,
-                "the drain to be under way",
+                lambda: any(
+                    r.status in (AgentStatus.DRAINING, AgentStatus.DRAINED)
+                    for r in daemon.records().values()
+                ),
+                60,
+                "the daemon to begin the drain",
             )
             proc.terminate()
             proc.wait(10)
