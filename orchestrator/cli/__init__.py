@@ -1,6 +1,6 @@
 """``drainctl``: the one command line of caliban-drain.
 
-A module per command group — ``daemon`` (``daemon``, ``agents …``), ``pipeline``
+A module per command group — ``daemon`` (``daemon``, ``sources``, ``agents …``), ``pipeline``
 (``drain``, ``resume``, ``worker``, ``flower``), ``ledger`` (``ledger ls|show``,
 ``db upgrade``), ``operator`` (``operator``, ``pause``, ``wake``), ``dev``
 (``dev up|cluster``), ``audit`` and ``demo`` — registered on ``main`` here. What they share lives
@@ -18,7 +18,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.audit import audit_cmd
-from orchestrator.cli.daemon import agents, daemon
+from orchestrator.cli.daemon import agents, daemon, sources
 from orchestrator.cli.demo import demo
 from orchestrator.cli.dev import dev
 from orchestrator.cli.errors import DrainctlGroup, ExitCode
@@ -40,7 +40,7 @@ def main() -> None:
 
 
 for command in (
-    daemon, agents,
+    daemon, sources, agents,
     drain_cmd, resume_cmd, worker_cmd, flower_cmd,
     ledger, db,
     operator_cmd, pause_cmd, wake_cmd,

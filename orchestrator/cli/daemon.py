@@ -1,4 +1,5 @@
-"""``drainctl daemon`` and ``drainctl agents …``: the daemon side of the command line.
+"""``drainctl daemon``, ``drainctl sources`` and ``drainctl agents …``: the daemon side of
+the command line.
 
 This is what runs in a Sandbox pod, so it imports ``worker_agent`` only, and only inside
 the commands: neither Celery, SQLAlchemy, kopf, Flower nor the embedded Kubernetes API
@@ -59,6 +60,32 @@ def daemon(log_level: str, **options: Any) -> None:
     overrides = {names.get(k, k): v for k, v in options.items() if v is not None}
     # ConfigError and ValidationError become one line in errors.DrainctlGroup.
     asyncio.run(run_daemon(DaemonSettings(**overrides)))
+
+
+@click.command()
+@click.option(
+    "--into",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory each source is cloned under, as <into>/<name>.",
+)
+@log_level_option
+def sources(log_level: str, into: Path) -> None:
+    """Clone the Workspace's git sources (JSON in CALIBAN_SOURCES) that are not there yet.
+
+    The Sandbox pod's init container; a checkout already on the volume is kept, never
+    fetched again.
+    """
+    import os
+
+    from orchestrator.cli.errors import OperationFailed
+    from worker_agent.sources import SourceError, clone_all, sources_from_env
+
+    configure_logging(log_level)
+    try:
+        clone_all(into, sources_from_env(os.environ))
+    except SourceError as exc:
+        raise OperationFailed(str(exc)) from None
 
 
 class _AgentsContext:

@@ -10,6 +10,11 @@ one real process per running Sandbox:
   interpreter's ``orchestrator.cli``, and every volume mount path in the arguments is
   replaced by a local directory: a PVC's directory under ``<state>/volumes`` (it outlives
   the process, like a volume) or a per-Sandbox directory for an ``emptyDir``;
+- the pod template's ``initContainers`` run first, one after another, each as a local
+  process run to completion (its mounts and ``env`` resolved like the container's); one
+  that exits non-zero keeps the pod from starting (a Warning Event
+  ``InitContainerFailed`` on the Sandbox) and runs again after ``INIT_BACKOFF_SECS``,
+  like a pod in ``Init:CrashLoopBackOff``; a mount's ``subPath`` is honoured;
 - each such process runs under ``worker_agent.reaper``, which plays the container's
   init: the pod's whole process tree (the daemon, its consumer, its agents, in sessions
   of their own) goes when the container's process exits, and at once when this
@@ -47,6 +52,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -123,6 +129,12 @@ CONFIG_ERROR = "CreateContainerConfigError"
 not there; the stand-in gives its Sandbox's pod the same, as a Warning Event."""
 
 
+INIT_FAILED = "InitContainerFailed"
+"""The reason of the stand-in's Warning Event when an init container exits non-zero."""
+INIT_BACKOFF_SECS = 10.0
+"""How long a pod whose init container failed waits before it is run again."""
+
+
 class ContainerConfigError(Exception):
     """A container's ``env`` cannot be resolved (kubelet's ``CreateContainerConfigError``);
     the message names the Secret and key, never a value."""
@@ -176,9 +188,21 @@ def read_secret(namespace: str, name: str) -> dict[str, str] | None:
     return secret_values({"data": found.data, "stringData": found.string_data})
 
 
-def config_error_event(sandbox: dict[str, Any], message: str) -> dict[str, Any]:
+def container_mounts(
+    container: dict[str, Any], volumes: dict[str, Any]
+) -> dict[str, tuple[str, str | None, str]]:
+    """A container's mount paths → (volume name, its PVC if it is one, subPath)."""
+    mounted: dict[str, tuple[str, str | None, str]] = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount.get("name"), {})
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        mounted[mount["mountPath"]] = (mount["name"], claim, mount.get("subPath") or "")
+    return mounted
+
+
+def pod_event(sandbox: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
     """The Warning Event on the Sandbox for a pod that cannot start, as kubelet posts on a
-    pod (``Failed``, ``Error: <why>``), with reason ``CreateContainerConfigError``."""
+    pod (``Error: <why>``): ``CreateContainerConfigError``, or ``InitContainerFailed``."""
     meta = sandbox["metadata"]
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -188,7 +212,7 @@ def config_error_event(sandbox: dict[str, Any], message: str) -> dict[str, Any]:
             "apiVersion": sandbox["apiVersion"], "kind": sandbox.get("kind", "Sandbox"),
             "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
         },
-        "reason": CONFIG_ERROR, "message": f"Error: {message}", "type": "Warning",
+        "reason": reason, "message": f"Error: {message}", "type": "Warning",
         "source": {"component": "stand-in-sandbox-controller"},
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }  # fmt: skip
@@ -243,6 +267,7 @@ class SandboxController:
         self.driver = csi.HostPathDriver(state_dir)
         self._waiting: dict[str, str] = {}  # Sandbox uid → why its pod waits, logged once
         self._reported: dict[str, dict[str, Any]] = {}  # Sandbox uid → the status written
+        self._init_backoff: dict[str, float] = {}  # Sandbox uid → when its init may rerun
 
     def volume_dir(self, namespace: str, claim: str) -> Path:
         return csi.volume_dir(self.state_dir, namespace, claim)
@@ -291,6 +316,8 @@ class SandboxController:
                 await self.start_pod(key, sandbox)
         for key in set(self._waiting) - set(wanted):
             del self._waiting[key]
+        for key in set(self._init_backoff) - set(wanted):
+            del self._init_backoff[key]
         if version is not None:
             await self.report_status(version, listed, set(wanted))
         await self.collect_volumes()
@@ -368,13 +395,14 @@ class SandboxController:
             log.warning("sandbox_without_container sandbox=%s", key)
             return
         container = containers[0]
+        inits = pod_spec.get("initContainers") or []
         volumes = {v["name"]: v for v in pod_spec.get("volumes", []) if "name" in v}
-        mounted: dict[str, tuple[str, str | None]] = {}  # mountPath → (volume, its PVC)
-        for mount in container.get("volumeMounts", []):
-            volume = volumes.get(mount.get("name"), {})
-            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            mounted[mount["mountPath"]] = (mount["name"], claim)
-        claims = {(namespace, claim) for _, claim in mounted.values() if claim}
+        claims = {
+            (namespace, claim)
+            for c in (container, *inits)
+            for _, claim, _ in container_mounts(c, volumes).values()
+            if claim
+        }
         for _, claim in sorted(claims):
             blocker = await asyncio.to_thread(self.driver.mount_blocker, namespace, claim)
             if blocker is not None:
@@ -386,36 +414,40 @@ class SandboxController:
                     )  # fmt: skip
                 return  # like a Pending pod: tried again on the next poll
         try:
-            container_environment = await asyncio.to_thread(
-                container_env, namespace, container, read_secret
-            )
+            environments = [
+                await asyncio.to_thread(container_env, namespace, c, read_secret)
+                for c in (*inits, container)
+            ]
         except ContainerConfigError as exc:
-            if self._waiting.get(key) != str(exc):
-                self._waiting[key] = str(exc)
-                log.warning(
-                    "sandbox_pod_waiting sandbox=%s/%s reason=%s message=%r",
-                    namespace, name, CONFIG_ERROR, str(exc),
-                )  # fmt: skip
-                event = config_error_event(sandbox, str(exc))
-                with contextlib.suppress(ApiException):
-                    await asyncio.to_thread(client.CoreV1Api().create_namespaced_event,
-                                            namespace, event)  # fmt: skip
+            await self._pod_waits(key, sandbox, CONFIG_ERROR, str(exc))
             return  # like a pod in CreateContainerConfigError: tried again on the next poll
-        self._waiting.pop(key, None)
-        mounts: dict[str, Path] = {}
-        for mount_path, (volume_name, claim) in mounted.items():
-            local = self.volume_dir(namespace, claim) if claim else self.empty_dir(key, volume_name)
-            local.mkdir(parents=True, exist_ok=True)
-            mounts[mount_path] = local
-        argv = [*container.get("command", []), *container.get("args", [])]
-        argv = [self._localize(arg, mounts) for arg in argv]
-        if argv and argv[0] == "drainctl":
-            argv = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
-        env = {**os.environ, **self.env, **container_environment}
-        argv, env = self.own_metrics_port(namespace, name, argv, env)
+        if self._init_backoff.get(key, 0.0) > time.monotonic():
+            return
         log_dir = self.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        with (log_dir / f"{namespace}.{name}.log").open("ab") as out:
+        log_path = log_dir / f"{namespace}.{name}.log"
+        for init, init_env in zip(inits, environments, strict=False):
+            argv = self._argv(init, self._local_mounts(key, namespace, init, volumes))
+            with log_path.open("ab") as out:
+                process = await asyncio.create_subprocess_exec(
+                    *argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                    env={**os.environ, **self.env, **init_env}, start_new_session=True,
+                    preexec_fn=dying_with_this_process(signal.SIGKILL),
+                )  # fmt: skip
+                code = await process.wait()
+            if code != 0:
+                # Like Init:Error then Init:CrashLoopBackOff: the pod does not start; the
+                # init container runs again after a pause.
+                self._init_backoff[key] = time.monotonic() + INIT_BACKOFF_SECS
+                why = f"init container {init.get('name', '?')} exited {code} (see {log_path})"
+                await self._pod_waits(key, sandbox, INIT_FAILED, why)
+                return
+        self._init_backoff.pop(key, None)
+        self._waiting.pop(key, None)
+        argv = self._argv(container, self._local_mounts(key, namespace, container, volumes))
+        env = {**os.environ, **self.env, **environments[-1]}
+        argv, env = self.own_metrics_port(namespace, name, argv, env)
+        with log_path.open("ab") as out:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "worker_agent.reaper", "--", *argv,
                 stdout=out, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True,
@@ -425,6 +457,43 @@ class SandboxController:
         self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims,
                              manifest=pod_manifest(sandbox, pod_spec))  # fmt: skip
         log.info("sandbox_pod_started sandbox=%s/%s pid=%d", namespace, name, process.pid)
+
+    async def _pod_waits(self, key: str, sandbox: dict[str, Any], reason: str, why: str) -> None:
+        """The pod cannot start for ``why``: logged, and a Warning Event on the Sandbox,
+        once per distinct ``why``."""
+        if self._waiting.get(key) == why:
+            return
+        self._waiting[key] = why
+        meta = sandbox["metadata"]
+        log.warning(
+            "sandbox_pod_waiting sandbox=%s/%s reason=%s message=%r",
+            meta["namespace"], meta["name"], reason, why,
+        )  # fmt: skip
+        event = pod_event(sandbox, reason, why)
+        with contextlib.suppress(ApiException):
+            await asyncio.to_thread(client.CoreV1Api().create_namespaced_event,
+                                    meta["namespace"], event)  # fmt: skip
+
+    def _local_mounts(
+        self, key: str, namespace: str, container: dict[str, Any], volumes: dict[str, Any]
+    ) -> dict[str, Path]:
+        """Each of the container's mount paths → the local directory standing in for it
+        (a PVC's directory, or the Sandbox's own for an emptyDir; then its subPath)."""
+        mounts: dict[str, Path] = {}
+        for mount_path, (volume, claim, sub_path) in container_mounts(container, volumes).items():
+            local = self.volume_dir(namespace, claim) if claim else self.empty_dir(key, volume)
+            if sub_path:
+                local = local / sub_path
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount_path] = local
+        return mounts
+
+    def _argv(self, container: dict[str, Any], mounts: dict[str, Path]) -> list[str]:
+        argv = [*container.get("command", []), *container.get("args", [])]
+        argv = [self._localize(arg, mounts) for arg in argv]
+        if argv and argv[0] == "drainctl":
+            argv = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
+        return argv
 
     def own_metrics_port(
         self, namespace: str, name: str, argv: list[str], env: dict[str, str]

@@ -126,11 +126,12 @@ def apply_manifests(path: Path) -> None:
 
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
+    ("orchestrator.operator", "crds/workspace.yaml"),
     ("orchestrator.devcluster", "crds/sandbox.yaml"),
 )
-"""The CRDs the dev stack serves, as (package, resource): the CalibanTask CRD ships with
-the operator, the stand-in Sandbox CRD with this package. They are package data, so an
-installed wheel finds them wherever it runs; ``deploy/crds/`` holds byte-identical copies
+"""The CRDs the dev stack serves, as (package, resource): the CalibanTask and Workspace
+CRDs ship with the operator, the stand-in Sandbox CRD with this package. They are package
+data, so an installed wheel finds them wherever it runs; ``deploy/crds/`` holds copies
 for ``kubectl apply -f`` and kustomize (which refuses symlinks out of its root), and
 ``tests/integration/test_packaging.py`` keeps them identical."""
 

@@ -44,6 +44,16 @@ Renaming it orphans the progress of objects already stored."""
 
 KOPF_DIFFBASE_KEY: Final = "last-handled-configuration"
 
+# ------------------------------------------------------------------- the Workspace
+
+WORKSPACE_PLURAL: Final = "workspaces"
+WORKSPACE_KIND: Final = "Workspace"
+"""caliban-operator's Workspace (same group and version as the CalibanTask): git sources
+and model providers a task's ``spec.workspaceRef`` names."""
+
+SOURCES_DIR: Final = "sources"
+"""On the workspace PVC: where the Workspace's sources are cloned, one directory each."""
+
 # ----------------------------------------------------------------------- the Sandbox
 
 SANDBOX_GROUP: Final = "agents.x-k8s.io"

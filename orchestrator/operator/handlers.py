@@ -45,6 +45,7 @@ from orchestrator.ledger import (
 )
 from orchestrator.ledger.models import TERMINAL_STATES
 from orchestrator.operator import children, crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
     AgentCounts,
@@ -293,6 +294,11 @@ class Reconciler:
         self.set_condition("SpecValid", True, "Valid", "spec accepted")
         self.set_status(observedGeneration=self.meta.get("generation"))
         phase = self.status.get("phase")
+        if spec.workspace_ref is not None:
+            bound = await self.bind_workspace(spec, phase)
+            if bound is None:
+                return
+            spec = bound
         if phase in (None, Phase.PENDING):
             wanted = wanted_transition(spec, phase, None, self.wake_value(),
                                        self.status.get("lastWake"))  # fmt: skip
@@ -309,6 +315,38 @@ class Reconciler:
         elif phase == Phase.SUSPENDED:
             await self.while_suspended(spec)
         await self.guard_operation_in_progress()
+
+    async def bind_workspace(self, spec: TaskSpec, phase: str | None) -> TaskSpec | None:
+        """``spec`` run against its Workspace (``spec.workspaceRef``): the binding pinned in
+        ``status.resolvedWorkspace``, else the Workspace read and resolved now, then
+        pinned. None when it cannot be resolved: the condition ``WorkspaceResolved`` says
+        why (one Warning event per reason), and a task not started yet waits, Pending,
+        with nothing created, until it can."""
+        assert spec.workspace_ref is not None
+        binding = workspaces.Binding.from_status(self.status.get("resolvedWorkspace"))
+        if binding is None or binding.workspace != spec.workspace_ref:
+            found = await kube.get_workspace(self.namespace, spec.workspace_ref)
+            try:
+                binding = workspaces.resolve(found, spec.workspace_ref, spec.provider_ref,
+                                             spec.model)  # fmt: skip
+            except workspaces.WorkspaceProblem as problem:
+                said = [c.get("reason") for c in self.status.get("conditions") or []
+                        if c.get("type") == "WorkspaceResolved"]  # fmt: skip
+                if said != [problem.reason]:
+                    kopf.warn(self.body, reason=problem.reason, message=str(problem))
+                self.set_condition("WorkspaceResolved", False, problem.reason, str(problem))
+                if phase in (None, Phase.PENDING):
+                    self.set_status(agents=0)
+                    self.set_phase(Phase.PENDING, str(problem))
+                else:
+                    self.set_status(message=str(problem))
+                return None
+            self.set_status(resolvedWorkspace=binding.to_status())
+        self.set_condition("WorkspaceResolved", True, "Resolved", (
+            f"provider {binding.provider} ({binding.kind}, model {binding.model}) and "
+            f"{len(binding.sources)} source(s) of Workspace {binding.workspace}"
+        ))  # fmt: skip
+        return spec.with_binding(binding)
 
     async def guard_operation_in_progress(self) -> None:
         """The drain guard exists exactly while the task's last operation is on its way."""
@@ -773,6 +811,13 @@ class Reconciler:
                 {"name": crd.RUN_VOLUME, "emptyDir": {}},
             ],
         }
+        if spec.binding is not None:
+            # The Workspace's provider (its key through secretKeyRef), its sources'
+            # mounts, and the init container that clones them once.
+            parts = workspaces.pod_parts(spec.binding, pod_spec["containers"][0]["image"])
+            pod_spec["containers"][0]["env"] += parts["env"]
+            pod_spec["containers"][0]["volumeMounts"] += parts["volumeMounts"]
+            pod_spec["initContainers"] = parts["initContainers"]
         suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
         pod_labels = {crd.TASK_LABEL: self.name, crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT}
         return {

@@ -321,6 +321,11 @@ async def _get_custom(
     return await _read(call)
 
 
+async def get_workspace(namespace: str, name: str) -> dict[str, Any] | None:
+    """caliban-operator's Workspace ``namespace/name``, or None."""
+    return await _get_custom(crd.GROUP, crd.VERSION, crd.WORKSPACE_PLURAL, namespace, name)
+
+
 async def get_task(namespace: str, name: str) -> dict[str, Any] | None:
     """The CalibanTask ``namespace/name``, or None."""
     return await _get_custom(crd.GROUP, crd.VERSION, crd.PLURAL, namespace, name)

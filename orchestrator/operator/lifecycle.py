@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -36,6 +36,7 @@ from orchestrator.operator.crd import (
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
 )
+from orchestrator.operator.workspace import DAEMON_PROVIDER, Binding
 from worker_agent.contract import says_checkpoint_mismatch
 from worker_agent.logformat import LOG_FORMAT_ENV
 
@@ -45,6 +46,7 @@ RESERVED_ENV: Final = frozenset({BROKER_URL_ENV, LOG_FORMAT_ENV})
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UNIT_SECS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 ON_DELETE_VALUES: Final = ("checkpoint", "delete")
 """``spec.lifecycle.onDelete``, compared case-insensitively: caliban-operator's schema
@@ -116,6 +118,17 @@ class TaskSpec:
     pod_template: dict[str, Any] = field(default_factory=dict, hash=False)
     """``spec.sandbox.podTemplate`` (``metadata`` and ``spec``), merged under the pod
     template the operator generates (``children.merge_under``)."""
+    workspace_ref: str | None = None
+    """``spec.workspaceRef.name``: the Workspace whose sources and provider the task uses."""
+    provider_ref: str | None = None
+    """``spec.providerRef``: which of the Workspace's providers (else its default)."""
+    binding: Binding | None = field(default=None, hash=False)
+    """The resolved Workspace (``with_binding``); its provider and model are the task's."""
+
+    def with_binding(self, binding: Binding) -> TaskSpec:
+        """This spec run against ``binding``: the daemon's OpenAI-compatible provider with
+        the Workspace provider's model."""
+        return replace(self, binding=binding, provider=DAEMON_PROVIDER, model=binding.model)
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:
@@ -193,6 +206,20 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         raise SpecError("workspace.storageClassName", f"{storage_class!r} is not a name")
     storage = _value_or(workspace, "storage", "1Gi")
     pod_template = _parse_pod_template(sandbox.get("podTemplate"))
+    workspace_ref = spec.get("workspaceRef")
+    if workspace_ref is not None:
+        ws_name = workspace_ref.get("name") if isinstance(workspace_ref, dict) else None
+        if not isinstance(ws_name, str) or len(ws_name) > 253 or not _SUBDOMAIN.match(ws_name):
+            raise SpecError("workspaceRef.name", (
+                f"{ws_name!r} is not a Workspace name (a lowercase DNS subdomain), so no "
+                "Workspace can have it"
+            ))  # fmt: skip
+        workspace_ref = ws_name
+    provider_ref = spec.get("providerRef") or None  # "" is unset, as upstream reads it
+    if provider_ref is not None and (not isinstance(provider_ref, str) or not provider_ref):
+        raise SpecError("providerRef", f"{provider_ref!r} is not a provider name")
+    if provider_ref is not None and workspace_ref is None:
+        raise SpecError("providerRef", "names a Workspace provider, but there is no workspaceRef")
     return TaskSpec(
         agents=agents,
         provider=provider,
@@ -211,6 +238,8 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
         env=env,
         storage_class=storage_class,
         pod_template=pod_template,
+        workspace_ref=workspace_ref,
+        provider_ref=provider_ref,
     )
 
 

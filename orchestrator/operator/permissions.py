@@ -79,6 +79,10 @@ PERMISSIONS: Final = (
                "kopf watches CalibanTasks (list, watch) and patches their finalizer and "
                "progress annotations (patch); Reconciler.holder_of reads the task that owns "
                "a workspace PVC (kube.get_task)"),
+    Permission(crd.GROUP, crd.WORKSPACE_PLURAL, ("get",),
+               "kube.get_workspace: the Workspace a task's spec.workspaceRef names, read "
+               "until its binding is pinned in the task's status (never its providers' "
+               "Secrets: the pod reads those through secretKeyRef)"),
     Permission(crd.GROUP, f"{crd.PLURAL}/status", ("patch",),
                "kopf's status patches of every handler; kube.patch_task_status"),
     Permission("", "events", ("create",),
@@ -126,6 +130,9 @@ PERMISSIONS: Final = (
 )  # fmt: skip
 
 UNREACHED: Final[Mapping[tuple[str, str, str], str]] = {
+    (crd.GROUP, crd.WORKSPACE_PLURAL, "get"):
+        "Reconciler.bind_workspace → kube.get_workspace: a task with spec.workspaceRef "
+        "(tests/e2e/test_workspace.py runs one; the recorded run's tasks name none)",
     (crd.GROUP, crd.PLURAL, "get"):
         "Reconciler.holder_of → kube.get_task: restoring a checkpoint without a snapshot "
         "whose workspace PVC another task still owns (the recorded run has snapshots)",

@@ -43,6 +43,7 @@ from tests.support import DaemonProcess, wait_until
 REPO = Path(__file__).resolve().parents[2]
 PACKAGED_CRDS = {
     "calibantask.yaml": "orchestrator/operator/crds/calibantask.yaml",
+    "workspace.yaml": "orchestrator/operator/crds/workspace.yaml",
     "sandbox.yaml": "orchestrator/devcluster/crds/sandbox.yaml",
 }
 """``deploy/crds/<file>`` → the packaged CRD it copies."""
@@ -191,6 +192,7 @@ def _assert_serves_the_crds(
 
 SERVED_CRDS = (
     "customresourcedefinition.apiextensions.k8s.io/calibantasks.caliban.caliban-ai.dev",
+    "customresourcedefinition.apiextensions.k8s.io/workspaces.caliban.caliban-ai.dev",
     "customresourcedefinition.apiextensions.k8s.io/sandboxes.agents.x-k8s.io",
     "customresourcedefinition.apiextensions.k8s.io/volumesnapshots.snapshot.storage.k8s.io",
     "customresourcedefinition.apiextensions.k8s.io/volumesnapshotclasses.snapshot.storage.k8s.io",

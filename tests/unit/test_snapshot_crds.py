@@ -40,12 +40,13 @@ def test_the_snapshot_crds_are_served_unless_switched_off() -> None:
     names = [crd["metadata"]["name"] for crd in packaged_crds()]
     assert names == [
         "calibantasks.caliban.caliban-ai.dev",
+        "workspaces.caliban.caliban-ai.dev",
         "sandboxes.agents.x-k8s.io",
         "volumesnapshots.snapshot.storage.k8s.io",
         "volumesnapshotclasses.snapshot.storage.k8s.io",
         "volumesnapshotcontents.snapshot.storage.k8s.io",
     ]
-    assert len(packaged_crds(snapshots=False)) == len(PACKAGED_CRDS) == 2
+    assert len(packaged_crds(snapshots=False)) == len(PACKAGED_CRDS) == 3
 
 
 @functools.cache

@@ -41,7 +41,9 @@ UPSTREAM_WORKSPACE_SCHEMA = openapi_schema(load_yaml(upstream.WORKSPACE_CRD), "v
 
 # Values upstream admits that this operator refuses, by field: the schema takes them (as
 # upstream's does) and ``parse_spec`` names the field (docs/operator.md's table).
-OPERATOR_REFUSES = {"lifecycle.onDelete", "lifecycle.idleTimeout", "task.prompt"}
+OPERATOR_REFUSES = {
+    "lifecycle.onDelete", "lifecycle.idleTimeout", "task.prompt", "workspaceRef.name",
+}  # fmt: skip
 
 LONG = 70_000  # longer than our CRD's old 64 KiB prompt limit, within what the daemon takes
 STRING_SHAPES = ["", "x", "Checkpoint", "Delete", "1d", "30m", "has spaces", "ünï/cødé", "y" * LONG]
