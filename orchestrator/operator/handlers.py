@@ -75,6 +75,7 @@ from orchestrator.operator.lifecycle import (
     parse_time,
     readiness,
     resume_outcome,
+    retries_failure,
     sandbox_readiness,
     sandbox_service_fqdn,
     sandbox_suspension_patch,
@@ -289,11 +290,15 @@ class Reconciler:
             self.set_condition("SpecValid", False, exc.reason, str(exc))
             if self.status.get("phase") != Phase.FAILED:
                 kopf.warn(self.body, reason=exc.reason, message=str(exc))
-            self.set_phase(Phase.FAILED, str(exc))
+            self.fail_before_start(str(exc))
             return
         self.set_condition("SpecValid", True, "Valid", "spec accepted")
         self.set_status(observedGeneration=self.meta.get("generation"))
         phase = self.status.get("phase")
+        if retries_failure(phase, self.status.get("failedGeneration"), self.meta.get("generation")):
+            self.set_status(failedGeneration=None)
+            self.set_phase(Phase.PENDING, "the spec changed since the task failed: trying again")
+            phase = Phase.PENDING
         if spec.workspace_ref is not None:
             bound = await self.bind_workspace(spec, phase)
             if bound is None:
@@ -365,7 +370,7 @@ class Reconciler:
                 self.set_condition("SandboxCompatible", False, "SandboxVersionMismatch", problem)
                 kopf.warn(self.body, reason="SandboxVersionMismatch", message=problem)
                 self.set_status(agents=0)
-                self.set_phase(Phase.FAILED, f"{problem}; nothing was created")
+                self.fail_before_start(f"{problem}; nothing was created")
                 return
         restore_from = None
         source = RestoreSource(pvc_name)
@@ -383,7 +388,7 @@ class Reconciler:
                 self.set_condition("Resumed", False, reason, message)
                 kopf.warn(self.body, reason=reason, message=message)
                 self.set_status(agents=0)
-                self.set_phase(Phase.FAILED, message)
+                self.fail_before_start(message)
                 return
             source = found
             pvc_name = source.pvc_name
@@ -433,6 +438,13 @@ class Reconciler:
         )
         self.set_condition("SpecValid", False, "UnknownCheckpoint", message)
         kopf.warn(self.body, reason="UnknownCheckpoint", message=message)
+        self.fail_before_start(message)
+
+    def fail_before_start(self, message: str) -> None:
+        """``Failed`` with nothing created for the task (a spec it cannot run, a checkpoint
+        it cannot restore): the generation is kept in ``status.failedGeneration``, so a
+        changed spec tries again (``retries_failure``)."""
+        self.set_status(failedGeneration=self.meta.get("generation"))
         self.set_phase(Phase.FAILED, message)
 
     async def hold_created_suspended(self, spec: TaskSpec) -> None:

@@ -351,6 +351,22 @@ CREATED_SUSPENDED: Final = "created-suspended"
 started, so it has no checkpoint to resume from (beside ``idle`` and ``manual``)."""
 
 
+def retries_failure(phase: str | None, failed_generation: object, generation: object) -> bool:
+    """Whether a ``Failed`` task starts again, from ``Pending``: only one that failed with
+    nothing created (``status.failedGeneration`` set: an invalid spec, an unknown or
+    unrestorable checkpoint, a Sandbox version the cluster cannot take), and only once
+    its spec has changed since (a newer ``metadata.generation``), e.g. a corrected
+    ``resumeFrom``. A task that failed after its agents ran (``WorkspaceGone``,
+    ``CheckpointMismatch``) has no ``failedGeneration`` and stays ``Failed``: starting it
+    again would start fresh agents where work was lost, or resume what the checkpoint
+    does not hold."""
+    if phase != Phase.FAILED:
+        return False
+    if not isinstance(failed_generation, int) or not isinstance(generation, int):
+        return False
+    return generation > failed_generation
+
+
 NEVER_RAN = frozenset({None, Phase.PENDING, Phase.FAILED})
 """Phases in which no agent ever ran for the task: a Failed task failed before it
 provisioned (a bad spec, an unknown checkpoint), or its restore refused the workspace

@@ -32,8 +32,10 @@ CACHE: Final = Path.home() / ".cache" / "caliban-drain" / "compose-test"
 REPOSITORY: Final = "caliban-drain-test"
 SUITE: Final = "bookworm"
 
-PYTHON_PACKAGES: Final = ("python3", "python3-venv")
-"""The base image: Debian's Python 3.11 and its venv module, as the slim image has."""
+PYTHON_PACKAGES: Final = ("python3", "python3-venv", "git", "ca-certificates")
+"""The base image: Debian's Python 3.11 and its venv module, as the slim image has, and
+git, which the image's ``drainctl sources`` (a Workspace's init container) clones with
+(the Dockerfile installs it on a base without it)."""
 SERVICE_PACKAGES: Final = ("redis-server", "postgresql-15")
 """Redis and PostgreSQL, one image for both services."""
 

@@ -68,6 +68,7 @@ completed turns and the turn numbers of its user messages."""
 class ComposeStack:
     def __init__(self, root: Path, app_image: str, services_image: str) -> None:
         self.root = root
+        self.app_image = app_image
         self.kube_dir = root / "kube"
         self.kube_dir.mkdir()
         shutil.chown(self.kube_dir, IMAGE_UID, IMAGE_UID)
@@ -339,3 +340,35 @@ def test_flower_answers_only_with_its_login(stack: ComposeStack) -> None:
         urllib.request.urlopen(anonymous, timeout=10)
     assert refused.value.code == 401
     assert isinstance(stack.flower_tasks(), dict)
+
+
+def test_the_image_clones_a_workspace_source_as_a_tasks_init_container_does(
+    stack: ComposeStack,
+) -> None:
+    """``drainctl sources`` in the image (git in it): a local repository, mounted
+    read-only, cloned into a volume folder, then kept on the second run."""
+    origin = stack.root / "origin"
+    origin.mkdir()
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}  # fmt: skip
+    for argv in (["init", "--quiet", "--initial-branch", "main"], ["add", "."],
+                 ["commit", "--quiet", "-m", "first"]):  # fmt: skip
+        if argv[0] == "add":
+            (origin / "app.py").write_text("print('hi')\n")
+        subprocess.run(["git", *argv], cwd=origin, env={**os.environ, **identity}, check=True)
+    volume = stack.root / "volume"
+    volume.mkdir()
+    shutil.chown(volume, IMAGE_UID, IMAGE_UID)
+    sources = json.dumps([{"name": "app", "repo": "file:///origin", "ref": "main"}])
+    argv = ["docker", "run", "--rm", "--network", "host", "-v", f"{origin}:/origin:ro",
+            "-v", f"{volume}:/workspace", "-e", f"CALIBAN_SOURCES={sources}",
+            # The repository is owned by the test's user, not the image's.
+            "-e", "GIT_CONFIG_COUNT=1", "-e", "GIT_CONFIG_KEY_0=safe.directory",
+            "-e", "GIT_CONFIG_VALUE_0=*",
+            stack.app_image, "sources", "--into", "/workspace/sources"]  # fmt: skip
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    assert "source_cloned name=app" in first.stderr
+    assert (volume / "sources" / "app" / "app.py").read_text() == "print('hi')\n"
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0 and "source_kept name=app" in again.stderr, again.stderr

@@ -11,6 +11,7 @@ reason naming the field, and a Warning event.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,3 +78,37 @@ def test_an_on_delete_we_cannot_honour_is_refused_by_the_operator(stack: DevStac
     assert [e["reason"] for e in warnings] == ["InvalidLifecycleOnDelete"]
     assert "spec.lifecycle.onDelete: 'maybe' is not checkpoint or delete" in warnings[0]["message"]
     stack.kubectl("delete", "ctask", "maybe", timeout=60)
+
+
+def test_a_failed_task_starts_once_its_spec_is_corrected(stack: DevStack) -> None:
+    """Tried: ``onDelete: maybe``, corrected to a ``resumeFrom`` naming no checkpoint (still
+    Failed, now for that), then corrected to a real checkpoint: restored and Running."""
+    assert stack.apply(task_manifest("donor", agents=1, model="turns=3,turn_ms=20")).returncode == 0
+    stack.wait_phase("default", "donor", "Running")
+    stack.kubectl("delete", "ctask", "donor", timeout=120)
+    wait_until(lambda: stack.task("default", "donor") is None, timeout=60)
+    checkpoint = stack.ledger.latest_checkpoint("default", "donor")
+    assert checkpoint is not None
+
+    assert stack.apply(task_manifest("fixme", agents=1, onDelete="maybe")).returncode == 0
+    stack.wait_phase("default", "fixme", "Failed")
+    assert stack.status("default", "fixme")["failedGeneration"] == 1
+
+    def patch(spec: dict[str, Any]) -> None:
+        stack.kubectl("patch", "ctask", "fixme", "--type=merge", "-p", json.dumps({"spec": spec}))
+
+    patch({"lifecycle": {"onDelete": "checkpoint"}, "resumeFrom": {"checkpointRef": "nope-0"}})
+    wait_until(
+        lambda: spec_valid(stack.status("default", "fixme")) == ("False", "UnknownCheckpoint"),
+        60,
+        "the second failure, for the unknown checkpoint",
+    )
+    assert stack.status("default", "fixme")["phase"] == "Failed"
+    patch({"resumeFrom": {"checkpointRef": checkpoint.ref}})
+    stack.wait_phase("default", "fixme", "Running", timeout=120)
+    status = stack.status("default", "fixme")
+    assert status["checkpointRef"] == checkpoint.ref and "failedGeneration" not in status
+    assert spec_valid(status) == ("True", "Valid")
+    reasons = [e["reason"] for e in stack.events_of("fixme")]
+    assert reasons.index("Failed") < reasons.index("Pending") < reasons.index("Running"), reasons
+    stack.kubectl("delete", "ctask", "fixme", timeout=120)

@@ -54,6 +54,7 @@ from orchestrator.operator.lifecycle import (
     parse_spec,
     readiness,
     resume_outcome,
+    retries_failure,
     sandbox_readiness,
     sandbox_service_fqdn,
     sandbox_suspension_patch,
@@ -1108,3 +1109,21 @@ def test_the_sandboxes_service_fqdn_is_read_only_where_written(
     status: dict[str, Any] | None, fqdn: str | None
 ) -> None:
     assert sandbox_service_fqdn(_sandbox(status)) == fqdn
+
+
+@pytest.mark.parametrize(
+    ("phase", "failed_generation", "generation", "retries"),
+    [
+        (Phase.FAILED, 3, 4, True),  # failed before anything was created; spec changed
+        (Phase.FAILED, 3, 3, False),  # the same spec: it would fail the same way
+        (Phase.FAILED, None, 9, False),  # failed after its agents ran: stays Failed
+        (Phase.FAILED, "3", 4, False),  # not a generation (a hand-edited status)
+        (Phase.RUNNING, 3, 4, False),
+        (Phase.PENDING, 3, 4, False),
+        (None, None, 1, False),
+    ],
+)
+def test_a_failed_task_retries_only_when_nothing_was_created_and_its_spec_changed(
+    phase: Phase | None, failed_generation: object, generation: object, retries: bool
+) -> None:
+    assert retries_failure(phase, failed_generation, generation) is retries
