@@ -43,7 +43,14 @@ LABEL org.opencontainers.image.description="caliban-drain: daemon, orchestrator 
 # uid/gid 10001: no clash with a host user's, so a bind-mounted folder is written as no
 # one else on the host; /var/lib/caliban-drain is where state goes (the compose stack's
 # volumes mount there), writable by any uid the stack is told to run as (DRAIN_UID).
+# git: `drainctl sources`, the init container that clones a Workspace's sources into a
+# task's workspace volume; installed when the base image lacks it.
 RUN set -eu; \
+    if ! command -v git >/dev/null 2>&1; then \
+        apt-get update; \
+        apt-get install -y --no-install-recommends git ca-certificates; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi; \
     groupadd --system --gid 10001 drain; \
     useradd --system --uid 10001 --gid drain --home-dir /home/drain --create-home \
         --shell /usr/sbin/nologin drain; \

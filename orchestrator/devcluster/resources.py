@@ -203,6 +203,11 @@ def _core(plural: str, kind: str, **details: Any) -> ServedResource:
     return ServedResource("", "v1", plural, kind, kind.lower(), **details)
 
 
+def _pod_selector(obj: Mapping[str, Any], _: datetime.datetime) -> str:
+    labels = ((obj.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "<none>"
+
+
 def builtin_resources() -> list[ServedResource]:
     """The built-ins: what the operator, the Sandbox stand-in and kubectl users touch."""
     age = age_column()
@@ -237,6 +242,11 @@ def builtin_resources() -> list[ServedResource]:
             "poddisruptionbudget", namespaced=True, short_names=("pdb",), status_subresource=True,
             columns=(_column("Min Available", ".spec.minAvailable"),
                      _column("Max Unavailable", ".spec.maxUnavailable"), age),
+        ),
+        ServedResource(
+            "networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "networkpolicy",
+            namespaced=True, short_names=("netpol",),
+            columns=(_computed("Pod-Selector", _pod_selector), age),
         ),
         ServedResource(
             "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",

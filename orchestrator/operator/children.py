@@ -2,13 +2,12 @@
 (``<task>-sa``, ``<task>-netpol``): pure builders, so the shapes are table-tested apart
 from the API calls that create them.
 
-The ServiceAccount is created with the Sandbox (Reconciler.create_sandbox). The
-NetworkPolicy is not yet created: the embedded dev API does not serve NetworkPolicies,
-and no RBAC grant for them is in place yet.
+Both are created with the Sandbox (Reconciler.create_sandbox), owned by the task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,11 +58,22 @@ def service_account(task: str, namespace: str, owner: dict[str, Any]) -> dict[st
 
 
 def network_policy(
-    task: str, namespace: str, owner: dict[str, Any], broker_url: str
+    task: str,
+    namespace: str,
+    owner: dict[str, Any],
+    broker_url: str,
+    workspace_ports: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The task's pod takes connections only on the daemon's metrics port (what the
     metrics scrape needs, as deploy/task-namespace/daemon-networkpolicy.yaml allows) and
-    reaches only DNS and the broker's port."""
+    reaches only DNS, the broker's port and ``workspace_ports`` (its Workspace provider's
+    and git remotes', ``workspace.egress_ports``)."""
+    egress: list[dict[str, Any]] = [
+        {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+        {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]},
+    ]
+    if workspace_ports:
+        egress.append({"ports": [{"protocol": "TCP", "port": p} for p in workspace_ports]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -77,15 +87,7 @@ def network_policy(
             "podSelector": {"matchLabels": {crd.TASK_LABEL: task}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}]}],
-            "egress": [
-                {
-                    "ports": [
-                        {"protocol": "UDP", "port": DNS_PORT},
-                        {"protocol": "TCP", "port": DNS_PORT},
-                    ]
-                },
-                {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]},
-            ],
+            "egress": egress,
         },
     }
 

@@ -766,13 +766,22 @@ class Reconciler:
         self.set_condition("SandboxFound", False, "SandboxNotFound", message)
 
     async def create_sandbox(self, spec: TaskSpec, pvc_name: str) -> None:
-        """The task's Sandbox, after the namespace's broker Secret its pod reads."""
+        """The task's Sandbox, after the namespace's broker Secret its pod reads, its
+        ServiceAccount and its default-deny NetworkPolicy."""
         broker = self.settings.daemon_broker_url or self.settings.broker_url
         await kube.ensure_broker_secret(self.namespace, self.settings.daemon_broker_secret,
                                         broker)  # fmt: skip
         await kube.ensure_service_account(
             children.service_account(self.name, self.namespace, self.owner())
         )
+        try:
+            ports = workspaces.egress_ports(spec.binding) if spec.binding else ()
+            policy = children.network_policy(self.name, self.namespace, self.owner(), broker,
+                                             ports)  # fmt: skip
+        except ValueError as exc:  # a broker URL whose port cannot be told
+            log.warning("network_policy_skipped reason=%r", str(exc))
+        else:
+            await kube.ensure_network_policy(policy)
         await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
                                   self.sandbox_body(spec, pvc_name))  # fmt: skip
 

@@ -133,6 +133,22 @@ async def ensure_service_account(body: dict[str, Any]) -> None:
     await asyncio.to_thread(call)
 
 
+async def ensure_network_policy(body: dict[str, Any]) -> None:
+    """Create the task's NetworkPolicy (``children.network_policy``); one already there is
+    left as it is."""
+    api = client.NetworkingV1Api()
+    namespace = body["metadata"]["namespace"]
+
+    def call() -> None:
+        try:
+            api.create_namespaced_network_policy(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    await asyncio.to_thread(call)
+
+
 async def sandbox_api() -> SandboxApi | None:
     """What the Sandbox CRD serves and stores (None: no such CRD)."""
 

@@ -108,6 +108,10 @@ PERMISSIONS: Final = (
                "kube.ensure_service_account: the task's <task>-sa ServiceAccount its pod runs "
                "as (no token, no Role); it goes with the task by garbage collection",
                Need.MANAGE_SANDBOX),
+    Permission("networking.k8s.io", "networkpolicies", ("create",),
+               "kube.ensure_network_policy: the task's <task>-netpol (its pod reaches only "
+               "DNS, the broker and its Workspace's remotes); it goes with the task by "
+               "garbage collection", Need.MANAGE_SANDBOX),
     Permission("", "secrets", ("create",),
                "kube.ensure_broker_secret: the daemon broker Secret created in a task's "
                "namespace (a create cannot be limited to a name)", Need.MANAGE_SANDBOX),

@@ -290,3 +290,28 @@ def pod_parts(binding: Binding, image: str) -> dict[str, Any]:
         "volumeMounts": [{"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT}],
     }
     return {"env": env, "volumeMounts": mounts, "initContainers": [init]}
+
+
+_SCHEME_PORTS: Final = {"http": 80, "https": 443, "ssh": 22, "git": 9418}
+_SCP_LIKE: Final = re.compile(r"^[^@/:\s]+@[^:/\s]+:(?!//)")
+
+
+def _url_port(url: str) -> int | None:
+    """The TCP port a provider or git URL connects to; None for a local path or file://."""
+    if _SCP_LIKE.match(url):
+        return 22  # git's scp-like ssh syntax, user@host:path
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return port if port is not None else _SCHEME_PORTS.get(parts.scheme.split("+")[-1])
+
+
+def egress_ports(binding: Binding) -> tuple[int, ...]:
+    """The TCP ports the task's pod must reach for its Workspace: its provider's and its
+    sources' remotes (sorted, once each), for the task's NetworkPolicy."""
+    urls = [binding.base_url, *(s.repo for s in binding.sources)]
+    return tuple(sorted({p for p in map(_url_port, urls) if p is not None}))

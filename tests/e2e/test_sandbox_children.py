@@ -67,6 +67,11 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     # The pod runs as the task's own ServiceAccount: no token, owned by the task.
     task_uid = stack.task("default", "donor")["metadata"]["uid"]  # type: ignore[index]
     assert donor["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "donor-sa"
+    # Its default-deny NetworkPolicy, owned by the task: metrics in; DNS and the broker out.
+    policy = json.loads(stack.kubectl("get", "netpol", "donor-netpol", "-o", "json").stdout)
+    assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [task_uid]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {TASK_LABEL: "donor"}}
+    assert len(policy["spec"]["egress"]) == 2  # DNS, the broker: no Workspace to reach
     # What the Sandbox's controller reports is on the task.
     ready = wait_until(lambda: condition(stack, "donor", "SandboxReady"), 60,
                        "the SandboxReady condition")  # fmt: skip

@@ -17,10 +17,12 @@ argument or Celery message holds it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -31,7 +33,6 @@ from typing import Any
 
 import psutil
 import pytest
-import redis
 
 from orchestrator.devcluster.persistence import API_STATE_FILE
 from orchestrator.operator.crd import sandbox_name
@@ -81,23 +82,25 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class BrokerRecorder(threading.Thread):
-    """Every command the broker is sent, through Redis's MONITOR, as text; kombu's
-    base64-encoded message bodies decoded beside them."""
+    """Every command the broker is sent, through Redis's MONITOR on a plain socket (its
+    replies are text lines, one per command), until the server closes it."""
 
     def __init__(self, port: int) -> None:
         super().__init__(daemon=True)
-        self.port = port
-        self.commands: list[str] = []
-        self.started_monitoring = threading.Event()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.sendall(b"MONITOR\r\n")
+        assert self.sock.recv(5) == b"+OK\r\n"
+        self.sock.settimeout(None)
+        self.received = bytearray()
 
     def run(self) -> None:
-        with redis.Redis(port=self.port).monitor() as monitor:  # type: ignore[no-untyped-call]
-            self.started_monitoring.set()
-            try:
-                for command in monitor.listen():
-                    self.commands.append(str(command["command"]))
-            except redis.ConnectionError:
-                return  # the server stopped with the module
+        with contextlib.suppress(OSError):
+            while chunk := self.sock.recv(65536):
+                self.received += chunk
+
+    @property
+    def commands(self) -> list[str]:
+        return bytes(self.received).decode(errors="replace").splitlines()
 
     def bodies(self) -> list[str]:
         """The decoded bodies of the kombu messages among the commands."""
@@ -122,7 +125,6 @@ def broker() -> Iterator[tuple[str, BrokerRecorder]]:
     with private_redis() as (url, _, port):
         recorder = BrokerRecorder(port)
         recorder.start()
-        recorder.started_monitoring.wait(10)
         yield url, recorder
 
 
@@ -221,6 +223,10 @@ def test_a_workspace_task_clones_once_reaches_its_model_and_leaks_no_key(
     wait_until(lambda: load_session(agent).turns >= 1, 60, "the agent's first turn on disk")
     assert REPLY in json.dumps(load_session(agent).messages)
 
+    # Its NetworkPolicy lets the pod reach the provider's port too.
+    policy = json.loads(stack.kubectl("get", "netpol", "refactor-auth-netpol", "-o", "json").stdout)
+    reached = [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
+    assert int(model.base_url.rsplit(":", 1)[1].split("/")[0]) in reached, reached
     # The source is on the workspace volume, cloned once by the init container.
     checkout = stack.volume("default", pvc) / "sources" / "caliban"
     assert (checkout / "auth.py").read_text() == "def login(): ...\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.operator import children, crd
+from orchestrator.operator import children, crd, workspace
 
 OWNER = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": "t", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}  # fmt: skip
@@ -50,6 +50,34 @@ def test_the_network_policy_admits_only_metrics_and_reaches_only_dns_and_the_bro
     ports = sorted((p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"])
     assert ports == [("TCP", 53), ("TCP", 7000), ("UDP", 53)]
     assert "pw" not in str(policy)
+
+
+def test_a_workspace_task_also_reaches_its_providers_and_remotes_ports() -> None:
+    policy = children.network_policy("t", "ns", OWNER, "amqp://broker/", (443, 11434))
+    ports = sorted((p["protocol"], p["port"]) for r in policy["spec"]["egress"] for p in r["ports"])
+    assert ports == [("TCP", 53), ("TCP", 443), ("TCP", 5672), ("TCP", 11434), ("UDP", 53)]
+
+
+@pytest.mark.parametrize(
+    ("base_url", "repos", "ports"),
+    [
+        ("http://127.0.0.1:11434/v1", ["file:///srv/a.git", "/srv/b"], (11434,)),
+        ("https://llm.example/v1", ["https://git.example/a.git"], (443,)),
+        ("http://gw.example/v1", ["git@git.example:team/a.git", "ssh://git.example:2222/a"],
+         (22, 80, 2222)),
+        ("http://127.0.0.1:8080/v1", ["git://git.example/a", "git+ssh://git.example/a"],
+         (22, 8080, 9418)),
+    ],
+)  # fmt: skip
+def test_a_workspaces_egress_ports_are_its_providers_and_its_remotes(
+    base_url: str, repos: list[str], ports: tuple[int, ...]
+) -> None:
+    binding = workspace.Binding(
+        workspace="ws", provider="p", kind="openai", model="m", base_url=base_url,
+        credentials=None, env=(),
+        sources=tuple(workspace.Source(f"s{i}", r, "main", f"/w/{i}") for i, r in enumerate(repos)),
+    )  # fmt: skip
+    assert workspace.egress_ports(binding) == ports
 
 
 OURS = {
