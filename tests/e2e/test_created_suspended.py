@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.operator.crd import sandbox_name
+from orchestrator.operator.crd import WAKE_ANNOTATION, sandbox_name
 from orchestrator.operator.lifecycle import CREATED_SUSPENDED
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
@@ -66,12 +66,12 @@ def watch_passes(stack: DevStack, name: str, passes: int) -> None:
         wait_until(observed, 60, f"{name}: a reconcile pass observing edit {n + 1}")
 
 
-def assert_nothing_started(stack: DevStack, name: str) -> None:
+def assert_nothing_started(stack: DevStack, name: str, says: str = "created suspended") -> None:
     status = stack.status("default", name)
     assert status["phase"] == "Suspended", status
     assert status["pausedBy"] == CREATED_SUSPENDED
     assert status["agents"] == 0
-    assert "created suspended" in status["message"], status["message"]
+    assert says in status["message"], status["message"]
     assert "pvcName" not in status and "lastOperation" not in status, status
     ready = ready_of(status)
     assert (ready["status"], ready["reason"]) == ("False", "Paused"), ready
@@ -168,3 +168,26 @@ def test_a_task_created_suspended_from_an_unknown_checkpoint_fails_at_once(
     status = stack.status("default", name)
     assert "unknown checkpoint ref 'no-such-checkpoint'" in status["message"]
     assert stack.ledger.list_operations("default", name) == []
+
+
+def test_a_wake_on_a_task_held_by_suspend_is_refused_out_loud_and_spent(
+    stack: DevStack,
+) -> None:
+    """Tried: the wake annotation (what an attach sets) on a task created suspended."""
+    name = "held-wake"
+    assert stack.apply(suspended(name, agents=1)).returncode == 0
+    stack.wait_phase("default", name, "Suspended")
+    stack.kubectl("annotate", "ctask", name, f"{WAKE_ANNOTATION}=attach-1")
+    held = wait_until(
+        lambda: [e for e in stack.events_of(name) if e["reason"] == "WakeHeld"], 60,
+        "the WakeHeld warning",
+    )  # fmt: skip
+    assert [e["type"] for e in held] == ["Warning"]
+    assert "wake 'attach-1' not applied: spec.lifecycle.suspend is true" in held[0]["message"]
+    status = stack.status("default", name)
+    assert status["lastWake"] == "attach-1"  # spent: it will not resume a later pause
+    watch_passes(stack, name, 2)
+    assert_nothing_started(stack, name, says="not applied: spec.lifecycle.suspend is true")
+    assert len([e for e in stack.events_of(name) if e["reason"] == "WakeHeld"]) == 1
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Running")
