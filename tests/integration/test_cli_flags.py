@@ -321,6 +321,7 @@ def test_log_level_is_the_only_spelling() -> None:
         "drainctl dev controller": [("--log-level", False)],
         "drainctl dev up": [("--log-level", False)],
         "drainctl operator": [("--log-level", False)],
+        "drainctl sources": [("--log-level", False)],
         "drainctl worker": [("--log-level", False), ("--loglevel", True)],
     }
 
