@@ -117,36 +117,28 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     await asyncio.to_thread(call)
 
 
-async def ensure_service_account(body: dict[str, Any]) -> None:
-    """Create the task's ServiceAccount (``children.service_account``); one already there
-    (an earlier pass, or a re-created Sandbox) is left as it is."""
-    api = client.CoreV1Api()
-    namespace = body["metadata"]["namespace"]
+async def _create_once(create: Callable[[str, dict[str, Any]], Any], body: dict[str, Any]) -> None:
+    """``create(namespace, body)``; an object already there (an earlier pass, or a
+    re-created Sandbox) is left as it is."""
 
     def call() -> None:
         try:
-            api.create_namespaced_service_account(namespace, body)
+            create(body["metadata"]["namespace"], body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
 
     await asyncio.to_thread(call)
+
+
+async def ensure_service_account(body: dict[str, Any]) -> None:
+    """Create the task's ServiceAccount (``children.service_account``) unless it exists."""
+    await _create_once(client.CoreV1Api().create_namespaced_service_account, body)
 
 
 async def ensure_network_policy(body: dict[str, Any]) -> None:
-    """Create the task's NetworkPolicy (``children.network_policy``); one already there is
-    left as it is."""
-    api = client.NetworkingV1Api()
-    namespace = body["metadata"]["namespace"]
-
-    def call() -> None:
-        try:
-            api.create_namespaced_network_policy(namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    await asyncio.to_thread(call)
+    """Create the task's NetworkPolicy (``children.network_policy``) unless it exists."""
+    await _create_once(client.NetworkingV1Api().create_namespaced_network_policy, body)
 
 
 async def sandbox_api() -> SandboxApi | None:
