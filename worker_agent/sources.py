@@ -101,8 +101,11 @@ def _git(args: Sequence[str], cwd: Path | None = None) -> str:
     except subprocess.TimeoutExpired:
         raise SourceError(f"git {args[0]} took longer than {GIT_TIMEOUT_SECS:g}s") from None
     if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise SourceError(lines[-1] if lines else f"git {args[0]} exited {done.returncode}")
+        # git's reasons are its "fatal:"/"error:" lines (a hint may follow them).
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        reasons = [line for line in lines if line.startswith(("fatal:", "error:"))]
+        why = "; ".join(reasons or lines[-1:]) or f"git {args[0]} exited {done.returncode}"
+        raise SourceError(why)
     return done.stdout.strip()
 
 
