@@ -310,6 +310,7 @@ class ActivityCounts:
     task is not idle. It names the period (a new value is a new period) and is shown as
     ``status.idleSince``; no duration is ever computed from it."""
     agents_interrupted: int = 0
+    agents_done: int = 0
 
 
 def summarize(records: list[AgentRecord]) -> ActivityCounts:
@@ -340,6 +341,7 @@ def summarize(records: list[AgentRecord]) -> ActivityCounts:
         agents_idle=len(idle),
         all_idle_since=all_idle_since,
         agents_interrupted=sum(r.status.interrupted for r in records),
+        agents_done=sum(r.status is AgentStatus.DONE for r in records),
     )
 
 
@@ -423,6 +425,7 @@ class Heartbeat(threading.Thread):
             all_idle_since=counts.all_idle_since,
             idle_for_secs=idle_for,
             agents_interrupted=counts.agents_interrupted,
+            agents_done=counts.agents_done,
         )
         return counts, report
 

@@ -417,6 +417,9 @@ class ActivityReport(Payload):
     agents_interrupted: int = Field(default=0, ge=0)
     """Agents stopped with work left (``AgentStatus.interrupted``): the orchestrator
     resumes them. Defaults to 0 for a daemon older than the field."""
+    agents_done: int = Field(default=0, ge=0)
+    """Agents whose worker exited 0 by itself (``done``), their work over: when every
+    agent is, the task completes. Defaults to 0 for a daemon older than the field."""
 
 
 def refusal(message_uid: str | None, served_uid: str | None, served: str) -> str | None:

@@ -43,11 +43,17 @@ class OperationKind(StrEnum):
     RESTORE = "restore"
     FORCE_DELETE = "force-delete"
     DRAIN = "drain"
+    SCALE_DOWN = "scale-down"
+    """Drain the agents a smaller ``spec.task.agents`` removes, into a checkpoint."""
+    SCALE_UP = "scale-up"
+    """Bring back agents a scale-down removed, or start new ones (no checkpoint)."""
+    COMPLETE = "complete"
+    """Every agent finished its work: record its checkpoint, which is kept."""
 
     @property
     def records_checkpoint(self) -> bool:
         """Whether this kind of operation produces a checkpoint (the others consume one)."""
-        return self not in (OperationKind.RESUME, OperationKind.RESTORE)
+        return self not in (OperationKind.RESUME, OperationKind.RESTORE, OperationKind.SCALE_UP)
 
 
 class OperationState(StrEnum):
@@ -89,6 +95,8 @@ class CheckpointReason(StrEnum):
     PAUSE = "pause"
     MANUAL = "manual"
     FORCED = "forced"
+    SCALE_DOWN = "scale-down"
+    COMPLETED = "completed"
 
 
 # Kubernetes limits, so that what the ledger holds fits back into the objects it mirrors.
@@ -265,6 +273,9 @@ class DaemonActivity(Base):
     agents_idle: Mapped[int] = mapped_column(Integer())
     agents_interrupted: Mapped[int] = mapped_column(Integer(), server_default="0")
     """Agents stopped with work left (drained, crashed, failed): the operator resumes them."""
+    agents_done: Mapped[int] = mapped_column(Integer(), server_default="0")
+    """Agents whose worker exited 0 by itself, its work over (0 from a daemon that does
+    not say): when every agent is done, the task completes."""
     reported_at: Mapped[datetime]
     seq: Mapped[int] = mapped_column(BigInteger())
     """Monotonic per daemon, across its restarts; a heartbeat with seq <= this is stale."""

@@ -234,6 +234,8 @@ class ActivityView:
     received_at: datetime | None
     """The orchestrator's clock; None only on a row stored before migration 0002."""
     agents_interrupted: int = 0
+    agents_done: int = 0
+    """Agents whose worker exited 0 by itself, its work over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -715,6 +717,7 @@ class Ledger:
         idle_for_secs: float | None,
         received_at: datetime,
         agents_interrupted: int = 0,
+        agents_done: int = 0,
     ) -> ActivityView:
         """Keep a daemon's heartbeat unless a newer one (higher ``seq``) is stored already.
 
@@ -733,11 +736,12 @@ class Ledger:
         live = _count("agents_live", agents_live)
         idle = _count("agents_idle", agents_idle)
         interrupted = _count("agents_interrupted", agents_interrupted)
-        if not idle <= live <= total or live + interrupted > total:
+        done = _count("agents_done", agents_done)
+        if not idle <= live <= total or live + interrupted + done > total:
             raise ValueError(
                 f"activity of {namespace}/{name}: need agents_idle <= agents_live <= "
-                f"agents_total and agents_live + agents_interrupted <= agents_total, got "
-                f"{idle}, {live}, {total}, {interrupted}"
+                f"agents_total and agents_live + agents_interrupted + agents_done <= "
+                f"agents_total, got {idle}, {live}, {total}, {interrupted}, {done}"
             )
         values: dict[str, Any] = {
             "namespace": _text("namespace", namespace, NAMESPACE_MAX),
@@ -748,6 +752,7 @@ class Ledger:
             "agents_live": live,
             "agents_idle": idle,
             "agents_interrupted": interrupted,
+            "agents_done": done,
             "reported_at": _aware("reported_at", reported_at),
             "seq": _count("seq", seq),
             "idle_for_secs": idle_for_secs,
@@ -1037,6 +1042,7 @@ def _activity_view(row: DaemonActivity) -> ActivityView:
         idle_for_secs=row.idle_for_secs,
         received_at=row.received_at,
         agents_interrupted=row.agents_interrupted,
+        agents_done=row.agents_done,
     )
 
 

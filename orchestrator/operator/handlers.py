@@ -153,6 +153,7 @@ def _counts(activity: ActivityView) -> AgentCounts:
         total=activity.agents_total,
         live=activity.agents_live,
         interrupted=activity.agents_interrupted,
+        done=activity.agents_done,
     )
 
 

@@ -730,6 +730,8 @@ class AgentCounts:
     live: int
     interrupted: int = 0
     """Stopped with work left (drained, crashed, failed): resumed after a disruption."""
+    done: int = 0
+    """Finished their work (the worker exited 0 by itself); counted in ``finished``."""
 
     @property
     def finished(self) -> int:

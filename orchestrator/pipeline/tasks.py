@@ -270,6 +270,7 @@ def activity(**kwargs: object) -> None:
             agents_live=report.agents_live,
             agents_idle=report.agents_idle,
             agents_interrupted=report.agents_interrupted,
+            agents_done=report.agents_done,
             seq=report.seq,
             reported_at=_utc(report.reported_at) or received_at,
             idle_for_secs=report.idle_for_secs,

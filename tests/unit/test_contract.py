@@ -115,17 +115,19 @@ SHAPES: list[tuple[BaseModel, dict[str, Any]]] = [
         ),
         {"namespace": "team-a", "name": "task-1", "task_uid": None, "seq": 17,
          "reported_at": 1700000000.5, "agents_total": 3, "agents_live": 2, "agents_idle": 1,
-         "all_idle_since": None, "idle_for_secs": None, "agents_interrupted": 1},
+         "all_idle_since": None, "idle_for_secs": None, "agents_interrupted": 1,
+         "agents_done": 0},
     ),
     (
         ActivityReport(
             namespace="team-a", name="task-1", task_uid="uid-1", seq=18,
             reported_at=1700000030.5, agents_total=2, agents_live=2, agents_idle=2,
-            all_idle_since=1700000000.25, idle_for_secs=29.75,
+            all_idle_since=1700000000.25, idle_for_secs=29.75, agents_done=0,
         ),
         {"namespace": "team-a", "name": "task-1", "task_uid": "uid-1", "seq": 18,
          "reported_at": 1700000030.5, "agents_total": 2, "agents_live": 2, "agents_idle": 2,
-         "all_idle_since": 1700000000.25, "idle_for_secs": 29.75, "agents_interrupted": 0},
+         "all_idle_since": 1700000000.25, "idle_for_secs": 29.75, "agents_interrupted": 0,
+         "agents_done": 0},
     ),
 ]  # fmt: skip
 

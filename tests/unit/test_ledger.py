@@ -851,6 +851,44 @@ class LedgerBehaviour:
             7, None, None,
         )  # fmt: skip
 
+    def test_0007_admits_scale_and_complete_and_a_downgrade_keeps_older_rows(
+        self, database_url: str
+    ) -> None:
+        upgrade(database_url)
+        ledger = Ledger.from_url(database_url)
+        try:
+            for n, kind in enumerate(
+                (OperationKind.SCALE_DOWN, OperationKind.SCALE_UP, OperationKind.COMPLETE)
+            ):
+                assert begin(ledger, key=f"{kind}:{n}", kind=kind).kind is kind
+            kept = begin(ledger, key="delete-drain:kept")
+            one_heartbeat(ledger, seq=3)
+            assert ledger.get_activity("default", "task-a").agents_done == 0  # type: ignore[union-attr]
+        finally:
+            ledger.dispose()
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("DELETE FROM operations WHERE id != :id"), {"id": kept.id})
+        finally:
+            engine.dispose()
+
+        downgrade(database_url, "0006")
+
+        assert current(database_url) == "0006"
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                columns = {c["name"] for c in inspect(connection).get_columns("daemon_activity")}
+                assert connection.execute(text("SELECT kind FROM operations")).scalars().all() == [
+                    "delete-drain"
+                ]
+                with pytest.raises(IntegrityError):
+                    connection.execute(text("UPDATE operations SET kind = 'complete'"))
+        finally:
+            engine.dispose()
+        assert "agents_done" not in columns
+
 
 # ------------------------------------------------------------------------------ SQLite
 

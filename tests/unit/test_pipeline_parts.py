@@ -51,8 +51,18 @@ def test_all_idle_since_is_the_last_agent_to_go_idle_or_finish() -> None:
         record("c", AgentStatus.DONE, None, 120.0, exit=0),
     ]
     assert summarize(records) == ActivityCounts(
-        agents_total=3, agents_live=2, agents_idle=2, all_idle_since=150.0,
+        agents_total=3, agents_live=2, agents_idle=2, all_idle_since=150.0, agents_done=1,
     )  # fmt: skip
+
+
+def test_done_counts_only_agents_that_finished_by_themselves() -> None:
+    records = [
+        record("a", AgentStatus.DONE, None, 120.0, exit=0),
+        record("b", AgentStatus.KILLED, None, 130.0, exit=-15),
+        record("c", AgentStatus.FAILED, None, 140.0, exit=1),
+    ]
+    counts = summarize(records)
+    assert (counts.agents_done, counts.agents_interrupted, counts.agents_live) == (1, 1, 0)
 
 
 def test_one_working_agent_means_not_idle() -> None:
