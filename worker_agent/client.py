@@ -106,6 +106,12 @@ class SupervisorClient:
         assert isinstance(reply, proto.Drained)
         return reply.agents
 
+    def retire(self, keep: int, grace_secs: float) -> list[proto.ResumeRef]:
+        """Scale down to ``keep`` agents; the refs of the agents retired."""
+        reply = self.call("retire", keep=keep, grace_secs=grace_secs)
+        assert isinstance(reply, proto.Retired)
+        return reply.agents
+
     def resume(
         self,
         session_dir: str,

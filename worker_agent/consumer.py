@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Task, bootsteps
 from celery.exceptions import Reject
@@ -47,6 +47,8 @@ from worker_agent.contract import (
     CHECKPOINT_MISMATCH,
     DAEMON_DRAIN,
     DAEMON_RESUME,
+    DAEMON_SCALE_DOWN,
+    DAEMON_SCALE_UP,
     ORCHESTRATOR_QUEUE,
     ActivityReport,
     AgentResumeOutcome,
@@ -57,17 +59,20 @@ from worker_agent.contract import (
     ResumeAgent,
     ResumeRequest,
     ResumeResult,
+    ScaleDownRequest,
+    ScaleUpRequest,
     make_celery,
     malformed,
     parse_daemon_queue,
     refusal,
 )
-from worker_agent.journal import OperationJournal
+from worker_agent.journal import OperationJournal, Verb
 from worker_agent.proto import (
     DAEMON_STOPPING,
     AgentRecord,
     AgentStatus,
     ProtocolError,
+    ResumeRef,
     says_daemon_stopping,
 )
 from worker_agent.session import SessionError, load_session
@@ -117,41 +122,68 @@ def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
 
 @app.task(name=DAEMON_DRAIN, bind=True, max_retries=SUPERVISOR_RETRIES)
 def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
-    """Drain every agent of this pod; answer the refs (the same ones on redelivery).
+    """Drain every agent of this pod; answer the refs (the same ones on redelivery)."""
+    return _drain_refs(self, payload, DrainRequest, "drain",
+                       lambda client, request: client.drain(request.grace_secs))  # fmt: skip
+
+
+@app.task(name=DAEMON_SCALE_DOWN, bind=True, max_retries=SUPERVISOR_RETRIES)
+def scale_down(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+    """Keep the task's ``agents`` oldest agents and drain the rest into retirement; answer
+    the retired agents' refs (the same ones on redelivery), for their checkpoint."""
+    return _drain_refs(
+        self, payload, ScaleDownRequest, "scale_down",
+        lambda client, request: client.retire(request.agents, request.grace_secs),
+    )  # fmt: skip
+
+
+_Drains = TypeVar("_Drains", DrainRequest, ScaleDownRequest)
+
+
+def _drain_refs(
+    task: Task[Any, Any],
+    payload: dict[str, object],
+    model: type[_Drains],
+    what: Verb,
+    drain_with: Callable[[SupervisorClient, _Drains], list[ResumeRef]],
+) -> JsonObject:
+    """A drain of some or all of this pod's agents, as a ``DrainResult``: journaled under
+    its op id, so a redelivered message is answered with the same refs and drains
+    nothing twice.
 
     A malformed request is answered with an error result (the operation fails with the
     reason), never raised: a task that raises on its input would be retried forever."""
     config = ConsumerConfig.from_env()
     try:
-        request = DrainRequest.model_validate(payload)
+        request = model.model_validate(payload)
     except ValidationError as exc:
-        reason = malformed("drain request", exc)
-        log.error("drain_refused reason=%s", reason)
+        reason = malformed(f"{what.replace('_', '-')} request", exc)
+        log.error("%s_refused reason=%s", what, reason)
         return _drain_result(config, str(payload.get("op_id", "")), reason)
     journal = OperationJournal(config.store)
-    if (done := journal.get(request.op_id, "drain", DrainResult)) is not None:
-        log.info("drain_redelivered op=%s answered_from=journal", request.op_id)
+    if (done := journal.get(request.op_id, what, DrainResult)) is not None:
+        log.info("%s_redelivered op=%s answered_from=journal", what, request.op_id)
         return done.model_dump(mode="json")
     if (refused := config.refusal(request.task_uid)) is not None:
         # Acked and answered: the operation fails with the reason; no agent is touched.
-        log.warning("drain_refused op=%s reason=%s", request.op_id, refused)
+        log.warning("%s_refused op=%s reason=%s", what, request.op_id, refused)
         answer = DrainResult.model_validate(_drain_result(config, request.op_id, refused))
-        journal.put(request.op_id, "drain", answer)
+        journal.put(request.op_id, what, answer)
         return answer.model_dump(mode="json")
     try:
         with _client(config, timeout=request.grace_secs + 120) as client:
-            refs = client.drain(request.grace_secs)
+            refs = drain_with(client, request)
     except (ConnectionError, OSError, ControlError) as exc:
-        if self.request.retries < SUPERVISOR_RETRIES:
-            raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
+        if task.request.retries < SUPERVISOR_RETRIES:
+            raise task.retry(countdown=1 + task.request.retries, exc=exc) from None
         return _drain_result(config, request.op_id, f"supervisor unreachable: {exc}")
     result = DrainResult(
         op_id=request.op_id, namespace=config.namespace, name=config.name, refs=refs,
         error=None, task_uid=config.task_uid,
     )  # fmt: skip
-    journal.put(request.op_id, "drain", result)
+    journal.put(request.op_id, what, result)
     log.info(
-        "drain_done op=%s task=%s/%s agents=%d unclean=%d",
+        "%s_done op=%s task=%s/%s agents=%d unclean=%d", what,
         request.op_id, config.namespace, config.name, len(refs), sum(not r.clean for r in refs),
     )  # fmt: skip
     return result.model_dump(mode="json")
@@ -203,13 +235,14 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
                 # A forced checkpoint or a recovery names no agents: it is the PVC as it
                 # is, so every agent in the store with work left is resumed; one a user
                 # killed, or that finished its work, stays as it is.
+                # An agent a scale-down retired is no longer the task's: not resumed.
                 agents = [
                     ResumeAgent(id=r.id, session_dir=f"agents/{r.id}")
                     for r in records
-                    if r.status.live or r.status.interrupted
+                    if (r.status.live or r.status.interrupted) and not r.retired
                 ]
                 for r in records:
-                    if not (r.status.live or r.status.interrupted):
+                    if not (r.status.live or r.status.interrupted) or r.retired:
                         log.info("resume_skipped agent=%s status=%s", r.id, r.status)
             for agent in agents:
                 if agent.id in live:
@@ -245,6 +278,75 @@ def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
         request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
     )  # fmt: skip
     return result.model_dump(mode="json")
+
+
+@app.task(name=DAEMON_SCALE_UP, bind=True, max_retries=SUPERVISOR_RETRIES)
+def scale_up(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+    """Bring the task to ``agents`` agents: resume agents a scale-down retired, oldest
+    first, each continuing its conversation at ``turns + 1``, then spawn new ones. Judged
+    against the agents the task has when it runs, so a redelivery that finds the task
+    grown already brings nobody twice."""
+    try:
+        request = ScaleUpRequest.model_validate(payload)
+    except ValidationError as exc:
+        reason = malformed("scale-up request", exc)
+        log.error("scale_up_refused reason=%s", reason)
+        op_id = str(payload.get("op_id", ""))
+        return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")
+    config = ConsumerConfig.from_env()
+    journal = OperationJournal(config.store)
+    if (done := journal.get(request.op_id, "scale_up", ResumeResult)) is not None:
+        log.info("scale_up_redelivered op=%s answered_from=journal", request.op_id)
+        return done.model_dump(mode="json")
+    if (refused := config.refusal(request.task_uid)) is not None:
+        log.warning("scale_up_refused op=%s reason=%s", request.op_id, refused)
+        answer = ResumeResult(op_id=request.op_id, results=[], error=refused)
+        journal.put(request.op_id, "scale_up", answer)
+        return answer.model_dump(mode="json")
+    results: list[AgentResumeOutcome] = []
+    try:
+        with _client(config, timeout=120) as client:
+            records = client.agents()
+            missing = request.agents - sum(not r.retired for r in records)
+            revive = [r for r in records if r.retired][: max(0, missing)]
+            for record in revive:
+                results.append(_bring(client, request, record.id))
+            for _ in range(max(0, missing - len(revive))):
+                results.append(_bring(client, request, None))
+    except (ConnectionError, OSError) as exc:
+        if self.request.retries < SUPERVISOR_RETRIES:
+            raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
+        unreachable = ResumeResult(
+            op_id=request.op_id, results=results, error=f"supervisor unreachable: {exc}"
+        )
+        return unreachable.model_dump(mode="json")
+    result = ResumeResult(op_id=request.op_id, results=results, error=None)
+    journal.put(request.op_id, "scale_up", result)
+    log.info(
+        "scale_up_done op=%s agents=%d resumed=%d spawned=%d failed=%d",
+        request.op_id, request.agents, sum(r.note == "resumed" for r in results),
+        sum(r.note == "spawned" for r in results), sum(not r.ok for r in results),
+    )  # fmt: skip
+    return result.model_dump(mode="json")
+
+
+def _bring(
+    client: SupervisorClient, request: ScaleUpRequest, retired: str | None
+) -> AgentResumeOutcome:
+    """One agent of a scale-up: the ``retired`` agent resumed, or (None) a new one spawned,
+    as its outcome. A daemon that is stopping hands the whole scale-up back."""
+    try:
+        if retired is not None:
+            started = client.resume(f"agents/{retired}").id
+        else:
+            started = client.spawn(
+                provider=request.provider, model=request.model, initial_prompt=request.prompt
+            ).id
+    except ControlError as exc:
+        if says_daemon_stopping(exc.body.kind, exc.body.message):
+            _hand_back(request.op_id)
+        return AgentResumeOutcome(id=retired or "(new)", ok=False, error=exc.body.message)
+    return AgentResumeOutcome(id=started, ok=True, note="resumed" if retired else "spawned")
 
 
 def _not_this_checkpoint(store_root: Path, agents: list[ResumeAgent]) -> str | None:
@@ -327,6 +429,7 @@ def summarize(records: list[AgentRecord]) -> ActivityCounts:
     The period starts when its last agent went idle (``idle_since``, else the record's
     ``updated_at``) or stopped (``updated_at``).
     """
+    records = [r for r in records if not r.retired]  # no longer the task's agents
     live = [r for r in records if r.status.live]
     idle = [r for r in live if r.status is AgentStatus.IDLE]
     stopped = [r for r in records if not r.status.live]

@@ -41,6 +41,8 @@ ORCHESTRATOR_QUEUE: Final = "orchestrator"
 # the other's tasks by name.
 DAEMON_DRAIN: Final = "caliban.daemon.drain"
 DAEMON_RESUME: Final = "caliban.daemon.resume"
+DAEMON_SCALE_DOWN: Final = "caliban.daemon.scale_down"
+DAEMON_SCALE_UP: Final = "caliban.daemon.scale_up"
 RECORD_CHECKPOINT: Final = "caliban.orchestrator.record_checkpoint"
 RECORD_RESUME: Final = "caliban.orchestrator.record_resume"
 ACTIVITY: Final = "caliban.orchestrator.activity"
@@ -312,6 +314,31 @@ class DrainRequest(BoundToTask):
 
     op_id: str = Field(pattern=OP_ID_PATTERN)
     grace_secs: float = Field(ge=0)
+
+
+class ScaleDownRequest(BoundToTask):
+    """kwargs of ``caliban.daemon.scale_down``: keep the task's ``agents`` oldest agents,
+    drain the rest (``grace_secs``) into retirement. Answered with a ``DrainResult``
+    whose refs are the retired agents', which ``record_checkpoint`` records."""
+
+    op_id: str = Field(pattern=OP_ID_PATTERN)
+    agents: int = Field(ge=1)
+    grace_secs: float = Field(ge=0)
+
+
+class ScaleUpRequest(BoundToTask):
+    """kwargs of ``caliban.daemon.scale_up``: bring the task to ``agents`` agents, first
+    by resuming agents a scale-down retired (oldest first, each at ``turns + 1``), then
+    by spawning new ones with ``provider``, ``model`` and ``prompt`` (the task's
+    ``spec.task``). Answered with a ``ResumeResult``, one outcome per agent it brought."""
+
+    op_id: str = Field(pattern=OP_ID_PATTERN)
+    agents: int = Field(ge=1)
+    provider: str = Field(min_length=1)
+    model: str | None = None
+    prompt: str | None = None
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid", "model", "prompt")
 
 
 class DrainResult(BoundToTask):

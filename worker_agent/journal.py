@@ -23,7 +23,7 @@ _OP_ID = re.compile(OP_ID_PATTERN)
 KEEP = 500
 """Entries kept; older ones are pruned (an operation is never redelivered that late)."""
 
-Verb = Literal["drain", "resume"]
+Verb = Literal["drain", "resume", "scale_down", "scale_up"]
 _Result = TypeVar("_Result", bound=BaseModel)
 
 

@@ -119,6 +119,10 @@ class AgentRecord(_Wire):
     exit: int | None = None
     idle_since: float | None = None
     error: str | None = None
+    retired: bool = False
+    """Removed from the task by a scale-down (``retire``): drained, its conversation kept
+    on disk and in a checkpoint, but no longer one of the task's agents. A drain, a
+    recovery and the heartbeat's counts leave it out; a ``resume`` brings it back."""
 
 
 class ResumeRef(_Wire):
@@ -191,6 +195,17 @@ class DrainRequest(_Request):
     grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS, allow_inf_nan=False)
 
 
+class RetireRequest(_Request):
+    """Scale down to ``keep`` agents: the task's agents beyond its ``keep`` oldest are
+    drained as ``drain`` drains (SIGTERM, ``grace_secs``, SIGKILL only for stragglers)
+    and marked ``retired``. Answers one ``ResumeRef`` per agent it retired; none when
+    the task has ``keep`` agents or fewer."""
+
+    kind: Literal["retire"]
+    keep: int = Field(ge=0)
+    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS, allow_inf_nan=False)
+
+
 class ResumeRequest(_Request):
     kind: Literal["resume"]
     session_dir: str = Field(min_length=1)
@@ -217,12 +232,13 @@ Request = Annotated[
     | ShutdownRequest
     | ReportStatusRequest
     | DrainRequest
+    | RetireRequest
     | ResumeRequest,
     Field(discriminator="kind"),
 ]
 REQUEST_KINDS = (
     "list", "spawn", "attach", "kill", "respawn", "rm", "status", "shutdown",
-    "report_status", "drain", "resume",
+    "report_status", "drain", "retire", "resume",
 )  # fmt: skip
 _request_adapter: TypeAdapter[Request] = TypeAdapter(Request)
 
@@ -282,6 +298,11 @@ class Drained(_Wire):
     agents: list[ResumeRef]
 
 
+class Retired(_Wire):
+    kind: Literal["retired"] = "retired"
+    agents: list[ResumeRef]
+
+
 class Resumed(_Wire):
     kind: Literal["resumed"] = "resumed"
     id: str
@@ -310,6 +331,7 @@ Reply = Annotated[
     | ShutdownAck
     | StatusReported
     | Drained
+    | Retired
     | Resumed
     | ErrorReply,
     Field(discriminator="kind"),

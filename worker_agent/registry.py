@@ -35,6 +35,7 @@ class RecordChanges(TypedDict, total=False):
     exit: int | None
     idle_since: float | None
     error: str | None
+    retired: bool
 
 
 @dataclass
@@ -125,3 +126,7 @@ class Registry:
 
     def live(self) -> list[Agent]:
         return [a for a in self if a.live]
+
+    def active(self) -> list[Agent]:
+        """The task's agents, oldest first: every agent a scale-down has not retired."""
+        return [a for a in self if not a.record.retired]

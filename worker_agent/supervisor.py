@@ -111,6 +111,8 @@ class Supervisor:
                 return proto.StatusReported()
             case proto.DrainRequest(grace_secs=grace):
                 return proto.Drained(agents=await self.drain(grace))
+            case proto.RetireRequest(keep=keep, grace_secs=grace):
+                return proto.Retired(agents=await self.retire(keep, grace))
             case proto.ResumeRequest(session_dir=session_dir):
                 session = self.store.resolve_session_dir(session_dir)
                 self.store.check_expected(session, request.expect_turns, request.expect_sha256)
@@ -206,6 +208,7 @@ class Supervisor:
                 exit=None,
                 error=None,
                 idle_since=None,
+                retired=False,
             )
         self._launch(agent, resume=True)
         log.info("agent_resumed agent=%s from_turn=%d", agent_id, turns + 1)
@@ -369,6 +372,50 @@ class Supervisor:
     async def _drain_all(self, grace: float) -> list[ResumeRef]:
         started = time.monotonic()
         stopping = [a for a in self.registry.live() if a.process is not None]
+        stragglers = await self._stop_gracefully(stopping, grace)
+        # A retired agent is in the checkpoint of the scale-down that retired it, no
+        # longer in the task's: it stays out of every later checkpoint.
+        refs = await self._verified_refs(self.registry.active(), durable=bool(stopping))
+        log.info(
+            "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
+            len(refs),
+            len(stopping),
+            len(stragglers),
+            sum(not r.clean for r in refs),
+            time.monotonic() - started,
+        )
+        return refs
+
+    async def retire(self, keep: int, grace: float) -> list[ResumeRef]:
+        """Scale down to ``keep`` agents: the task's agents beyond its ``keep`` oldest are
+        drained, as a drain drains them, and kept on disk as ``retired``.
+
+        Each is marked retired, durably, before its worker is signalled: from then on no
+        heartbeat counts it and no recovery resumes it, even if this daemon dies before
+        the drain ends (a restarted daemon finds it retired, not crashed work of the
+        task). Answers the refs of the agents retired, verified like a drain's."""
+        self._refuse_while_draining("retire")
+        started = time.monotonic()
+        leaving = self.registry.active()[keep:]
+        for agent in leaving:
+            self.registry.update(agent, retired=True)
+        stopping = [a for a in leaving if a.process is not None]
+        stragglers = await self._stop_gracefully(stopping, grace)
+        refs = await self._verified_refs(leaving, durable=bool(stopping))
+        log.info(
+            "retired agents=%d kept=%d stopped=%d killed=%d unclean=%d secs=%.3f",
+            len(refs),
+            len(self.registry.active()),
+            len(stopping),
+            len(stragglers),
+            sum(not r.clean for r in refs),
+            time.monotonic() - started,
+        )
+        return refs
+
+    async def _stop_gracefully(self, stopping: list[Agent], grace: float) -> list[Agent]:
+        """SIGTERM every one of ``stopping`` at once, wait up to ``grace``, SIGKILL only
+        the stragglers (returned); every exit is recorded when this returns."""
         try:
             self.deadline_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write(self.deadline_file, str(time.time() + grace).encode(), durable=False)
@@ -394,23 +441,20 @@ class Supervisor:
             log.warning("agent_drain_killed agent=%s grace_secs=%s", agent.id, grace)
         for agent in stopping:
             await self._settled(agent)
-        refs = [self._resume_ref(agent) for agent in self.registry]
-        for agent, ref in zip(self.registry, refs, strict=True):
-            if agent.record.turns != ref.turns:
-                self.registry.update(agent, durable=False, turns=ref.turns)
         with contextlib.suppress(FileNotFoundError):
             self.deadline_file.unlink()
-        if stopping:
-            # The drained manifests, durable before we reply: one syncfs of the store.
+        return stragglers
+
+    async def _verified_refs(self, agents: list[Agent], *, durable: bool) -> list[ResumeRef]:
+        """One verified ``ResumeRef`` per agent, its record's turns brought in line; with
+        ``durable``, the stopped agents' manifests are made durable (one syncfs of the
+        store) before the refs are answered."""
+        refs = [self._resume_ref(agent) for agent in agents]
+        for agent, ref in zip(agents, refs, strict=True):
+            if agent.record.turns != ref.turns:
+                self.registry.update(agent, durable=False, turns=ref.turns)
+        if durable:
             await asyncio.to_thread(sync_filesystem, self.store.root)
-        log.info(
-            "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
-            len(refs),
-            len(stopping),
-            len(stragglers),
-            sum(not r.clean for r in refs),
-            time.monotonic() - started,
-        )
         return refs
 
     def _resume_ref(self, agent: Agent) -> ResumeRef:

@@ -43,7 +43,7 @@ from orchestrator.ledger import (
     OperationState,
     OperationView,
 )
-from orchestrator.ledger.models import TERMINAL_STATES
+from orchestrator.ledger.models import CHECKPOINTED_STATES, TERMINAL_STATES
 from orchestrator.operator import children, crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.lifecycle import (
@@ -57,6 +57,7 @@ from orchestrator.operator.lifecycle import (
     Phase,
     Purpose,
     RecoveryHistory,
+    ScaleStep,
     SnapshotProgress,
     SpecError,
     TaskSpec,
@@ -81,6 +82,8 @@ from orchestrator.operator.lifecycle import (
     sandbox_suspension_patch,
     sandbox_version_problem,
     sandbox_workspace_claim,
+    scale_outcome,
+    scale_step,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -406,7 +409,8 @@ class Reconciler:
             pvc_name = sandbox_workspace_claim(existing) or pvc_name
             self.set_condition("SandboxFound", True, "Found", f"Sandbox {sandbox} exists")
             self.reflect_sandbox(existing)
-        self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None)
+        self.set_status(pvcName=pvc_name, sandboxName=sandbox, agents=0, idleSince=None,
+                        appliedAgents=spec.agents)  # fmt: skip
         if self.settings.manage_sandbox and spec.sandbox_name is not None:
             await kube.patch_sandbox(
                 spec.sandbox_api_version, self.namespace, sandbox,
@@ -962,6 +966,8 @@ class Reconciler:
         )  # fmt: skip
 
     async def while_running(self, spec: TaskSpec) -> None:
+        if await self.follow_scaling():
+            return  # a pause or a further scale waits for the agents to settle
         wanted = wanted_transition(
             spec, Phase.RUNNING, None, self.wake_value(), self.status.get("lastWake")
         )
@@ -989,6 +995,13 @@ class Reconciler:
             # reads it.
             idle_since = fresh.all_idle_since if fresh is not None else None
             self.set_status(idleSince=_iso(idle_since))
+            since = counts if await self.since_last_operation(activity) else None
+            step = scale_step(spec.agents, self.status.get("appliedAgents"), since)
+            if step is ScaleStep.ADOPT:
+                self.set_status(appliedAgents=spec.agents)
+            elif step is not ScaleStep.HOLD:
+                await self.start_scaling(spec, step, counts)
+                return
             bridge = self.settings.heartbeat_gap_secs
             if should_idle_pause(spec, Phase.RUNNING, idle_report(fresh), self.now, bridge):
                 await self.start_pause(spec, "idle")
@@ -1023,6 +1036,74 @@ class Reconciler:
         if decision.step is Availability.CRASH_LOOP:
             self.disrupted("CrashLoop", decision.condition.message)
         self.set_phase(Phase.RUNNING, decision.condition.message)
+
+    async def start_scaling(self, spec: TaskSpec, step: ScaleStep, counts: AgentCounts) -> None:
+        """Begin following a changed ``spec.task.agents``: a scale-down drains the agents
+        it removes into a checkpoint before they go; a scale-up resumes agents an earlier
+        scale-down retired, then spawns new ones. ``status.scaling`` holds the operation
+        until ``follow_scaling`` sees it end."""
+        number = int(self.status.get("scales") or 0) + 1
+        key = operation_key(self.uid, Purpose.SCALE, number)
+        if step is ScaleStep.DOWN:
+            op = await _ledger_call(
+                pipeline.start_drain, app, self.ledger, self.settings,
+                namespace=self.namespace, name=self.name, task_uid=self.uid,
+                grace_secs=spec.drain_grace_secs, kind=OperationKind.SCALE_DOWN,
+                reason=CheckpointReason.SCALE_DOWN, pvc_name=self.pvc_name,
+                idempotency_key=key, keep_agents=spec.agents,
+            )  # fmt: skip
+            message = (
+                f"scaling from {counts.total} to {spec.agents} agents: draining "
+                f"{counts.total - spec.agents} into a checkpoint before they go"
+            )
+        else:
+            op = await _ledger_call(
+                pipeline.start_scale_up, app, self.ledger, self.settings,
+                namespace=self.namespace, name=self.name, task_uid=self.uid,
+                agents=spec.agents, provider=spec.provider, model=spec.model or None,
+                prompt=spec.prompt, idempotency_key=key,
+            )  # fmt: skip
+            message = (
+                f"scaling from {counts.total} to {spec.agents} agents: resuming retired "
+                "agents first, then starting new ones"
+            )
+        self.record_operation(op)
+        self.set_status(
+            scales=number, appliedAgents=spec.agents,
+            scaling={"operation": op.id, "from": counts.total, "to": spec.agents},
+        )  # fmt: skip
+        kopf.info(self.body, reason="Scaling", message=message)
+        self.set_condition("Scaled", None, "Scaling", message)
+        self.set_status(message=message)
+
+    async def follow_scaling(self) -> bool:
+        """True while the scale operation ``status.scaling`` names is on its way (nothing
+        else is decided for the task meanwhile); once it ends, its outcome as the
+        ``Scaled`` condition and one event, and False."""
+        scaling = self.status.get("scaling")
+        if not isinstance(scaling, dict):
+            return False
+        op = await _ledger_call(self.ledger.get_operation, str(scaling.get("operation")))
+        if op is None:
+            self.set_status(scaling=None)
+            return False
+        self.record_operation(op)
+        if not op.state.terminal:
+            return True
+        ref = op.checkpoint_ref if op.state in CHECKPOINTED_STATES else None
+        if ref and not await self.snapshot_settled(ref):
+            return True  # the removed agents' workspace copied as they left it
+        outcome = scale_outcome(
+            op.kind, op.state, op.error, op.checkpoint_ref, int(scaling.get("from") or 0),
+            int(scaling.get("to") or 0),
+        )  # fmt: skip
+        if outcome.status:
+            kopf.info(self.body, reason=outcome.reason, message=outcome.message)
+        else:
+            kopf.warn(self.body, reason=outcome.reason, message=outcome.message)
+        self.apply_condition(outcome)
+        self.set_status(scaling=None, message=outcome.message)
+        return False
 
     def rearmed(self) -> bool:
         """A new wake annotation value: the user asks to try a crash-looping task again."""

@@ -29,12 +29,16 @@ from orchestrator.settings import Settings
 from worker_agent.contract import (
     DAEMON_DRAIN,
     DAEMON_RESUME,
+    DAEMON_SCALE_DOWN,
+    DAEMON_SCALE_UP,
     ORCHESTRATOR_QUEUE,
     RECORD_CHECKPOINT,
     RECORD_RESUME,
     DrainRequest,
     ResumeAgent,
     ResumeRequest,
+    ScaleDownRequest,
+    ScaleUpRequest,
     daemon_queue,
 )
 
@@ -52,8 +56,13 @@ def start_drain(
     reason: CheckpointReason = CheckpointReason.MANUAL,
     pvc_name: str | None = None,
     idempotency_key: str | None = None,
+    keep_agents: int | None = None,
 ) -> OperationView:
-    """Enqueue drain (daemon queue) → record_checkpoint (orchestrator queue)."""
+    """Enqueue drain (daemon queue) → record_checkpoint (orchestrator queue).
+
+    With ``keep_agents`` (a scale-down), the daemon keeps that many of its agents and
+    drains only the others (``caliban.daemon.scale_down``), whose refs are the
+    checkpoint."""
     queue = daemon_queue(namespace, name)
     grace = settings.default_grace_secs if grace_secs is None else grace_secs
     op = _begin(
@@ -63,11 +72,16 @@ def start_drain(
     )  # fmt: skip
     if op.state is not OperationState.PENDING:
         return op  # already started by an earlier call with the same key
+    request: DrainRequest | ScaleDownRequest = DrainRequest(
+        op_id=op.id, grace_secs=grace, task_uid=task_uid
+    )
+    if keep_agents is not None:
+        request = ScaleDownRequest(
+            op_id=op.id, agents=keep_agents, grace_secs=grace, task_uid=task_uid
+        )
     drain = app.signature(
-        DAEMON_DRAIN,
-        kwargs=DrainRequest(op_id=op.id, grace_secs=grace, task_uid=task_uid).model_dump(
-            mode="json"
-        ),
+        DAEMON_DRAIN if keep_agents is None else DAEMON_SCALE_DOWN,
+        kwargs=request.model_dump(mode="json"),
         queue=queue,
         expires=settings.drain_expires_secs,
     ).set(task_id=f"{op.id}.drain")
@@ -158,6 +172,51 @@ def start_resume(
         OperationState.RESUMING,
         {"resume": f"{op.id}.resume", "record": f"{op.id}.record"},
     )
+
+
+def start_scale_up(
+    app: Celery,
+    ledger: Ledger,
+    settings: Settings,
+    *,
+    namespace: str,
+    name: str,
+    task_uid: str,
+    agents: int,
+    provider: str,
+    model: str | None,
+    prompt: str | None,
+    idempotency_key: str,
+) -> OperationView:
+    """Enqueue scale_up (daemon queue) → record_resume: the daemon brings the task to
+    ``agents`` agents, resuming retired ones before it spawns new ones (with
+    ``provider``, ``model`` and ``prompt``)."""
+    op = _begin(
+        ledger, OperationKind.SCALE_UP, namespace, name, task_uid, idempotency_key,
+        within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
+    )  # fmt: skip
+    if op.state is not OperationState.PENDING:
+        return op
+    request = ScaleUpRequest(
+        op_id=op.id, agents=agents, provider=provider, model=model, prompt=prompt,
+        task_uid=task_uid,
+    )  # fmt: skip
+    scale = app.signature(
+        DAEMON_SCALE_UP,
+        kwargs=request.model_dump(mode="json"),
+        queue=daemon_queue(namespace, name),
+        expires=settings.resume_expires_secs,
+    ).set(task_id=f"{op.id}.resume")
+    record = app.signature(
+        RECORD_RESUME,
+        kwargs=RecordResumeArgs(op_id=op.id).model_dump(mode="json"),
+        queue=ORCHESTRATOR_QUEUE,
+    ).set(task_id=f"{op.id}.record")
+    chain(scale, record).apply_async()
+    return _advance(
+        ledger, op, OperationState.RESUMING, {"resume": f"{op.id}.resume",
+                                              "record": f"{op.id}.record"},
+    )  # fmt: skip
 
 
 def _begin(

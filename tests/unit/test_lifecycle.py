@@ -34,6 +34,7 @@ from orchestrator.operator.lifecycle import (
     RecoveryHistory,
     ResumeOutcome,
     SandboxApi,
+    ScaleStep,
     SnapshotClass,
     SnapshotProgress,
     SnapshotState,
@@ -60,6 +61,8 @@ from orchestrator.operator.lifecycle import (
     sandbox_suspension_patch,
     sandbox_version_problem,
     sandbox_workspace_claim,
+    scale_outcome,
+    scale_step,
     should_idle_pause,
     snapshot_state,
     snapshot_timed_out,
@@ -612,6 +615,7 @@ UID = "0c5a1e9e-7f3b-4c1a-9d2e-5b6f7a8c9d0e"
         pytest.param(Purpose.RESUME, "ckpt-7f3a", f"{UID}:resume:ckpt-7f3a", id="resume"),
         pytest.param(Purpose.RECOVER, 0, f"{UID}:recover:0", id="recover-seq-0"),
         pytest.param(Purpose.RECOVER, 41, f"{UID}:recover:41", id="recover"),
+        pytest.param(Purpose.SCALE, 2, f"{UID}:scale:2", id="scale"),
     ],
 )
 def test_operation_keys_are_the_uid_the_purpose_and_which_one(
@@ -629,6 +633,7 @@ def test_operation_keys_are_the_uid_the_purpose_and_which_one(
         pytest.param(Purpose.PAUSE, None, id="a-pause-without-its-count"),
         pytest.param(Purpose.RESUME, None, id="a-resume-without-its-checkpoint"),
         pytest.param(Purpose.RECOVER, None, id="a-recovery-without-its-heartbeat"),
+        pytest.param(Purpose.SCALE, None, id="a-scale-without-its-count"),
     ],
 )
 def test_an_operation_key_names_which_repetition_exactly_when_the_purpose_repeats(
@@ -1127,3 +1132,73 @@ def test_a_failed_task_retries_only_when_nothing_was_created_and_its_spec_change
     phase: Phase | None, failed_generation: object, generation: object, retries: bool
 ) -> None:
     assert retries_failure(phase, failed_generation, generation) is retries
+
+
+# -------------------------------------------------------------------------- scaling
+
+
+@pytest.mark.parametrize(
+    ("wanted", "applied", "counts", "step"),
+    [
+        pytest.param(3, None, AgentCounts(3, 3), ScaleStep.ADOPT, id="never-recorded-adopts"),
+        pytest.param(3, None, None, ScaleStep.ADOPT, id="never-recorded-no-heartbeat-adopts"),
+        pytest.param(3, True, AgentCounts(1, 1), ScaleStep.ADOPT, id="a-bool-is-no-count"),
+        pytest.param(3, 3, AgentCounts(3, 3), ScaleStep.HOLD, id="unchanged"),
+        pytest.param(1, 1, AgentCounts(3, 3), ScaleStep.HOLD, id="restored-3-spec-1-unchanged"),
+        pytest.param(1, 3, None, ScaleStep.HOLD, id="changed-no-fresh-heartbeat-waits"),
+        pytest.param(1, 3, AgentCounts(3, 3), ScaleStep.DOWN, id="3-to-1-down"),
+        pytest.param(2, 3, AgentCounts(3, 2, 0, 1), ScaleStep.DOWN, id="done-agents-count"),
+        pytest.param(5, 3, AgentCounts(3, 3), ScaleStep.UP, id="3-to-5-up"),
+        pytest.param(2, 1, AgentCounts(1, 1), ScaleStep.UP, id="1-to-2-up"),
+        pytest.param(2, 3, AgentCounts(2, 2), ScaleStep.ADOPT, id="already-there-adopts"),
+    ],
+)
+def test_only_a_changed_agent_count_scales_and_toward_what_the_daemon_runs(
+    wanted: int, applied: object, counts: AgentCounts | None, step: ScaleStep
+) -> None:
+    assert scale_step(wanted, applied, counts) is step
+
+
+@pytest.mark.parametrize(
+    ("kind", "state", "error", "ref", "expected"),
+    [
+        pytest.param(
+            OperationKind.SCALE_DOWN, OperationState.RECORDED, None, "ckpt-1",
+            ("Scaled", True, "ScaledDown",
+             "scaled from 3 to 1 agents: the 2 removed agent(s) drained into checkpoint ckpt-1"),
+            id="down-recorded",
+        ),
+        pytest.param(
+            OperationKind.SCALE_DOWN, OperationState.FAILED, "drain failed: refused", None,
+            ("Scaled", False, "ScaleDownFailed",
+             "scaling from 3 to 1 agents failed, no agent was removed: drain failed: refused"),
+            id="down-failed",
+        ),
+        pytest.param(
+            OperationKind.SCALE_UP, OperationState.RESUMED, None, None,
+            ("Scaled", True, "ScaledUp", "scaled from 3 to 1 agents"),
+            id="up-resumed",
+        ),
+        pytest.param(
+            OperationKind.SCALE_UP, OperationState.RESUMED, "(new): the daemon is draining", None,
+            ("Scaled", False, "PartlyScaledUp",
+             "scaling from 3 to 1 agents: not every agent came: (new): the daemon is draining"),
+            id="up-partly",
+        ),
+        pytest.param(
+            OperationKind.SCALE_UP, OperationState.FAILED, "supervisor unreachable", None,
+            ("Scaled", False, "ScaleUpFailed",
+             "scaling from 3 to 1 agents failed: supervisor unreachable"),
+            id="up-failed",
+        ),
+    ],
+)  # fmt: skip
+def test_a_finished_scale_says_how_it_went(
+    kind: OperationKind,
+    state: OperationState,
+    error: str | None,
+    ref: str | None,
+    expected: tuple[str, bool, str, str],
+) -> None:
+    change = scale_outcome(kind, state, error, ref, 3, 1)
+    assert (change.type, change.status, change.reason, change.message) == expected

@@ -124,8 +124,10 @@ def test_agent_record_keys() -> None:
         "exit",
         "idle_since",
         "error",
+        "retired",
     }
     assert doc["status"] == "running"
+    assert doc["retired"] is False
     assert doc["spec"] == {
         "name": None,
         "initial_prompt": None,
@@ -171,6 +173,7 @@ REPLIES: list[Any] = [
     pytest.param(proto.ShutdownAck(), {"kind": "shutdown_ack"}, id="shutdown_ack"),
     pytest.param(proto.StatusReported(), {"kind": "status_reported"}, id="status_reported"),
     pytest.param(proto.Drained(agents=[]), {"kind": "drained", "agents": []}, id="drained_empty"),
+    pytest.param(proto.Retired(agents=[]), {"kind": "retired", "agents": []}, id="retired_none"),
     pytest.param(
         proto.Resumed(id="a1", endpoint="unix:/s/a1/agent.sock"),
         {"kind": "resumed", "id": "a1", "endpoint": "unix:/s/a1/agent.sock"},
@@ -211,11 +214,33 @@ REQUESTS: list[Any] = [
     ),
     pytest.param({"kind": "drain", "grace_secs": 2.5}, proto.DrainRequest, id="drain"),
     pytest.param(
+        {"kind": "retire", "keep": 1, "grace_secs": 2.5}, proto.RetireRequest, id="retire"
+    ),
+    pytest.param(
         {"kind": "resume", "session_dir": "agents/a1", "token": "t" * 16},
         proto.ResumeRequest,
         id="resume_with_token",
     ),
 ]
+
+
+def test_a_manifest_written_before_retirement_existed_reads_as_not_retired() -> None:
+    doc = wire(record())
+    del doc["retired"]
+    assert proto.AgentRecord.model_validate_json(json.dumps(doc)).retired is False
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [{"kind": "retire", "keep": -1}, {"kind": "retire"}, {"kind": "retire", "keep": "1"},
+     {"kind": "retire", "keep": 1, "grace_secs": -1}],
+    ids=["negative", "missing", "string", "negative-grace"],
+)  # fmt: skip
+def test_a_malformed_retire_is_a_bad_request_in_one_line(request_: dict[str, Any]) -> None:
+    with pytest.raises(proto.ProtocolError) as refused:
+        proto.parse_request(json.dumps(request_))
+    assert refused.value.kind is proto.ErrorKind.BAD_REQUEST
+    assert "\n" not in refused.value.message and "retire" in refused.value.message
 
 
 def test_every_request_kind_is_covered() -> None:
