@@ -1057,11 +1057,19 @@ class Reconciler:
                 f"{counts.total - spec.agents} into a checkpoint before they go"
             )
         else:
+            # The workspace's newest checkpoint, when a scale-down took it, holds agents
+            # retired now: this scale-up resumes them first, so it names that checkpoint.
+            newest = await _ledger_call(
+                self.ledger.newest_checkpoint_of_pvc, self.namespace, self.pvc_name
+            )
+            retired_in = (
+                newest.ref if newest and newest.reason is CheckpointReason.SCALE_DOWN else None
+            )
             op = await _ledger_call(
                 pipeline.start_scale_up, app, self.ledger, self.settings,
                 namespace=self.namespace, name=self.name, task_uid=self.uid,
                 agents=spec.agents, provider=spec.provider, model=spec.model or None,
-                prompt=spec.prompt, idempotency_key=key,
+                prompt=spec.prompt, idempotency_key=key, checkpoint_ref=retired_in,
             )  # fmt: skip
             message = (
                 f"scaling from {counts.total} to {spec.agents} agents: resuming retired "

@@ -187,13 +187,17 @@ def start_scale_up(
     model: str | None,
     prompt: str | None,
     idempotency_key: str,
+    checkpoint_ref: str | None = None,
 ) -> OperationView:
     """Enqueue scale_up (daemon queue) → record_resume: the daemon brings the task to
     ``agents`` agents, resuming retired ones before it spawns new ones (with
-    ``provider``, ``model`` and ``prompt``)."""
+    ``provider``, ``model`` and ``prompt``). ``checkpoint_ref``: the scale-down
+    checkpoint whose retired agents it resumes, so the ledger says the workspace has
+    moved on from it."""
     op = _begin(
         ledger, OperationKind.SCALE_UP, namespace, name, task_uid, idempotency_key,
         within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
+        checkpoint_ref=checkpoint_ref,
     )  # fmt: skip
     if op.state is not OperationState.PENDING:
         return op

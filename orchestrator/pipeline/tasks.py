@@ -360,6 +360,8 @@ def sweep_overdue(
 _REASON_OF_KIND = {
     OperationKind.DELETE_DRAIN: CheckpointReason.DELETE,
     OperationKind.PAUSE: CheckpointReason.PAUSE,
+    OperationKind.SCALE_DOWN: CheckpointReason.SCALE_DOWN,
+    OperationKind.COMPLETE: CheckpointReason.COMPLETED,
 }
 
 

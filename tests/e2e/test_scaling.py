@@ -1,0 +1,154 @@
+"""A change of ``spec.task.agents`` scales a running task, with the real kubectl against
+the dev stack's embedded defaults (embedded API and broker, SQLite ledger).
+
+Scale-down drains the agents it removes into a checkpoint first (reason
+``scale-down``, each agent's turns and sha256 equal to its files), then they are no
+longer the task's: the AGENTS column, the heartbeat and ``Ready`` count the rest.
+Scale-up brings those agents back first, each at ``turns + 1`` of its conversation,
+then starts new ones. Nothing a removed agent completed is lost on the way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.ledger import CheckpointReason
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
+from tests.support import wait_until
+from worker_agent import layout
+from worker_agent.session import load_session
+
+pytestmark = pytest.mark.slow
+
+NAME = "scaled"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    with embedded_stack("cd-scaling-") as dev:
+        yield dev
+        assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
+
+
+def set_agents(stack: DevStack, count: int) -> None:
+    body = json.dumps({"spec": {"task": {"agents": count}}})
+    stack.kubectl("patch", "ctask", NAME, "-n", "default", "--type=merge", "-p", body)
+
+
+def scaled(stack: DevStack, reason: str, to: int) -> dict[str, Any]:
+    """The task's status once its ``Scaled`` condition says ``reason`` for ``to`` agents
+    and the daemon reports that many live."""
+
+    def done() -> dict[str, Any] | None:
+        status = stack.status("default", NAME)
+        condition: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c["type"] == "Scaled"), {}
+        )
+        settled = (
+            condition.get("reason") == reason
+            and f"to {to} agents" in condition.get("message", "")
+            and status.get("agents") == to
+            and not status.get("scaling")
+        )
+        return status if settled else None
+
+    found: dict[str, Any] = wait_until(done, 120, f"{NAME} scaled ({reason}) to {to} agents")
+    return found
+
+
+def manifests(stack: DevStack, pvc: str) -> dict[str, dict[str, Any]]:
+    return {
+        d.name: json.loads(layout.manifest_file(d).read_text())
+        for d in stack.agent_dirs("default", pvc)
+    }
+
+
+def agents_column(stack: DevStack) -> str:
+    table = stack.kubectl("get", "ctask", NAME, "-n", "default").stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    return row[header.index("AGENTS")]
+
+
+def test_scaling_down_drains_the_removed_agents_into_a_checkpoint_and_up_brings_them_back(
+    stack: DevStack,
+) -> None:
+    stack.apply(task_manifest(NAME, agents=3))
+    stack.wait_phase("default", NAME, "Running")
+    pvc = stack.pvc_of(NAME)
+    stack.wait_turns(pvc, 3, at_least=2)
+    assert stack.status("default", NAME)["appliedAgents"] == 3
+
+    # Down: 3 → 1. The two newest agents are drained into a checkpoint, then retired.
+    set_agents(stack, 1)
+    status = scaled(stack, "ScaledDown", 1)
+    assert status["phase"] == "Running" and status["appliedAgents"] == 1
+    (checkpoint,) = [
+        c for c in stack.ledger.list_checkpoints("default", NAME)
+        if c.reason is CheckpointReason.SCALE_DOWN
+    ]  # fmt: skip
+    assert checkpoint.verified and len(checkpoint.agents) == 2
+    said = next(c for c in status["conditions"] if c["type"] == "Scaled")
+    assert f"drained into checkpoint {checkpoint.ref}" in said["message"], said
+    records = manifests(stack, pvc)
+    kept = sorted(records, key=lambda i: records[i]["created_at"])[0]
+    assert {a.agent_id for a in checkpoint.agents} == set(records) - {kept}
+    for agent in checkpoint.agents:
+        assert records[agent.agent_id]["retired"] is True
+        assert records[agent.agent_id]["status"] == "drained"
+        on_disk = load_session(stack.volume("default", pvc) / agent.session_dir)
+        assert on_disk.turns == agent.turns >= 2, agent
+    assert agents_column(stack) == "1"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True", ready
+    reasons = {e["reason"] for e in stack.events_of(NAME)}
+    assert {"Scaling", "ScaledDown"} <= reasons, reasons
+    # The agent kept goes on working; the retired ones stay as they were drained.
+    turns = stack.turns_on_disk(pvc)
+    wait_until(lambda: stack.turns_on_disk(pvc)[kept] > turns[kept], 60, "the kept agent")
+    for agent in checkpoint.agents:
+        assert stack.turns_on_disk(pvc)[agent.agent_id] == agent.turns
+
+    # Up: 1 → 4. The two retired agents come back first, at turns + 1; one is new.
+    set_agents(stack, 4)
+    scaled(stack, "ScaledUp", 4)
+    records = manifests(stack, pvc)
+    assert len(records) == 4 and not any(r["retired"] for r in records.values())
+    back = {a.agent_id: a.turns for a in checkpoint.agents}
+    wait_until(
+        lambda: all(stack.turns_on_disk(pvc)[i] > t for i, t in back.items()), 60,
+        "the agents brought back to work again",
+    )  # fmt: skip
+    for agent in checkpoint.agents:
+        events = [
+            json.loads(line)
+            for line in layout.transcript_file(
+                stack.volume("default", pvc) / agent.session_dir
+            ).read_text().splitlines()
+        ]  # fmt: skip
+        assert {"type": "resumed", "from_turn": agent.turns + 1} in [
+            {k: e[k] for k in ("type", "from_turn")} for e in events if e["type"] == "resumed"
+        ]
+    assert agents_column(stack) == "4"
+    assert stack.status("default", NAME)["scales"] == 2
+
+
+def test_an_agent_count_out_of_range_is_refused_by_the_api_and_changes_nothing(
+    stack: DevStack,
+) -> None:
+    """Tried: 0 agents and 65 agents on the running task of the test above."""
+    before = stack.status("default", NAME)
+    for count in (0, 65):
+        body = json.dumps({"spec": {"task": {"agents": count}}})
+        refused = stack.kubectl(
+            "patch", "ctask", NAME, "-n", "default", "--type=merge", "-p", body, check=False
+        )
+        assert refused.returncode != 0
+        assert "spec.task.agents" in refused.stderr, refused.stderr
+    after = stack.status("default", NAME)
+    assert after["appliedAgents"] == before["appliedAgents"] == 4
+    assert after["scales"] == before["scales"]

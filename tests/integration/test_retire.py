@@ -1,0 +1,102 @@
+"""Scale-down at the daemon: ``retire`` with real daemons and real worker processes.
+
+A retired agent is drained exactly as a drain drains it (its ref verified against the
+files on disk), then it is no longer one of the task's agents: a later drain leaves it
+out of the checkpoint, a restarted daemon keeps it retired, and only an explicit
+``resume`` brings it back, continuing its conversation.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.integration.test_drain_resume import LONG_SCRIPT, assert_ref_matches_disk
+from tests.support import DaemonProcess, wait_until
+from worker_agent.client import ControlError
+from worker_agent.proto import AgentStatus
+from worker_agent.session import load_session
+
+
+def test_retire_keeps_the_oldest_and_drains_the_rest_into_verified_refs(
+    daemon: DaemonProcess,
+) -> None:
+    ids = daemon.spawn_working(4, LONG_SCRIPT, min_turns=1)
+    oldest_first = sorted(ids, key=lambda i: daemon.records()[i].created_at)
+
+    with daemon.client() as client:
+        refs = client.retire(keep=1, grace_secs=30)
+
+    assert [r.id for r in refs] == oldest_first[1:]
+    for ref in refs:
+        assert ref.clean and ref.exit == 0, ref
+        assert_ref_matches_disk(daemon.store, ref)
+    records = daemon.records()
+    assert records[oldest_first[0]].status.live and not records[oldest_first[0]].retired
+    for agent_id in oldest_first[1:]:
+        assert records[agent_id].retired
+        assert records[agent_id].status is AgentStatus.DRAINED
+
+
+def test_retiring_to_as_many_agents_as_there_are_retires_nothing(daemon: DaemonProcess) -> None:
+    daemon.spawn_working(2, LONG_SCRIPT, min_turns=1)
+    with daemon.client() as client:
+        assert client.retire(keep=2, grace_secs=5) == []
+        assert client.retire(keep=5, grace_secs=5) == []
+    assert all(r.status.live and not r.retired for r in daemon.records().values())
+
+
+def test_a_retired_agent_is_left_out_of_later_drains_and_stays_retired_across_a_restart(
+    daemon: DaemonProcess,
+) -> None:
+    ids = daemon.spawn_working(3, LONG_SCRIPT, min_turns=1)
+    with daemon.client() as client:
+        retired = {r.id for r in client.retire(keep=2, grace_secs=30)}
+        refs = client.drain(grace_secs=30)
+    assert {r.id for r in refs} == set(ids) - retired
+
+    daemon.signal(signal.SIGKILL)
+    daemon.wait()
+    daemon.start()
+    records = daemon.records()
+    assert all(records[i].retired and records[i].status is AgentStatus.DRAINED for i in retired)
+    with daemon.client() as client:
+        assert {r.id for r in client.drain(grace_secs=5)} == set(ids) - retired
+
+
+def test_resume_brings_a_retired_agent_back_at_its_next_turn(daemon: DaemonProcess) -> None:
+    daemon.spawn_working(2, LONG_SCRIPT, min_turns=1)
+    with daemon.client() as client:
+        (ref,) = client.retire(keep=1, grace_secs=30)
+        before = load_session(daemon.store / ref.session_dir).messages
+        assert client.resume(ref.session_dir).id == ref.id
+    wait_until(lambda: daemon.records()[ref.id].turns > ref.turns, 60, "the agent to work again")
+    record = daemon.records()[ref.id]
+    assert not record.retired and record.status.live
+    with daemon.client() as client:
+        again = {r.id: r for r in client.drain(grace_secs=30)}
+    after = load_session(daemon.store / again[ref.id].session_dir).messages
+    assert after[: len(before)] == before
+    assert after[len(before)]["turn"] == ref.turns + 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "says"),
+    [
+        ({"keep": -1}, "keep"),
+        ({"keep": "all"}, "keep"),
+        ({"keep": 1, "grace_secs": -3}, "grace_secs"),
+    ],
+    ids=["negative-keep", "keep-not-a-number", "negative-grace"],
+)
+def test_a_malformed_retire_is_refused_in_one_line_and_retires_nothing(
+    daemon: DaemonProcess, request_: dict[str, object], says: str
+) -> None:
+    """Tried: a negative count, a count that is a string, a negative grace."""
+    daemon.spawn_working(2, LONG_SCRIPT, min_turns=1)
+    with daemon.client() as client, pytest.raises(ControlError) as refused:
+        client.call("retire", **request_)
+    assert refused.value.body.kind == "bad_request"
+    assert says in refused.value.body.message and "\n" not in refused.value.body.message
+    assert all(r.status.live and not r.retired for r in daemon.records().values())
