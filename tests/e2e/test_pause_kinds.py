@@ -1,0 +1,80 @@
+"""Both kinds of pause meet the spec as the docs say, with the real kubectl against the
+dev stack's embedded defaults: an idle pause that ``spec.lifecycle.suspend: true`` then
+adopts is held by the spec from there on (a wake no longer resumes it, ``suspend:
+false`` does), and every agent continues at ``turns + 1`` when it resumes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.operator.crd import WAKE_ANNOTATION
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
+from tests.support import wait_until
+from worker_agent import layout
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    with embedded_stack("cd-pause-kinds-") as dev:
+        yield dev
+        assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
+
+
+def patch_lifecycle(stack: DevStack, name: str, **fields: Any) -> None:
+    body = json.dumps({"spec": {"lifecycle": fields}})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+
+
+def test_suspend_true_adopts_an_idle_pause_and_only_suspend_false_resumes_it(
+    stack: DevStack,
+) -> None:
+    name = "adopted"
+    manifest = task_manifest(name, agents=2, model="turns=2,turn_ms=20", idleTimeout="2s")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+    paused = stack.status("default", name)
+    assert paused["pausedBy"] == "idle"
+    pauses = paused["pauses"]
+
+    patch_lifecycle(stack, name, suspend=True)
+    wait_until(
+        lambda: stack.status("default", name).get("pausedBy") == "manual", 60,
+        "the spec to adopt the idle pause",
+    )  # fmt: skip
+    adopted = stack.status("default", name)
+    assert adopted["phase"] == "Suspended"
+    assert "stays paused until suspend is false" in adopted["message"], adopted["message"]
+    assert adopted["checkpointRef"] == paused["checkpointRef"]  # no second drain
+    assert adopted["pauses"] == pauses
+
+    stack.kubectl("annotate", "ctask", name, f"{WAKE_ANNOTATION}=attach-1")
+    held = wait_until(
+        lambda: [e for e in stack.events_of(name) if e["reason"] == "WakeHeld"], 60,
+        "the WakeHeld warning",
+    )  # fmt: skip
+    assert [e["type"] for e in held] == ["Warning"]
+    wait_until(
+        lambda: stack.status("default", name).get("lastWake") == "attach-1", 60,
+        "the wake to be spent",
+    )  # fmt: skip
+    assert stack.status("default", name)["phase"] == "Suspended"
+
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Running", timeout=120)
+    transcripts = [layout.transcript_file(d)
+                   for d in stack.agent_dirs("default", stack.pvc_of(name))]  # fmt: skip
+    assert len(transcripts) == 2
+    wait_until(
+        lambda: all('"from_turn": 3' in t.read_text() for t in transcripts), 60,
+        "every agent to continue at turn 3",
+    )  # fmt: skip
+    for transcript in transcripts:
+        assert transcript.read_text().count('"type": "turn_complete"') == 2
+    assert stack.status("default", name).get("pausedBy") is None
