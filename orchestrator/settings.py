@@ -48,6 +48,12 @@ class Settings(BrokerSettings):
     """How often the operator re-examines each CalibanTask (idle, pause, wake, phase)."""
     manage_sandbox: bool = False
     """Provision each task's Sandbox and workspace PVC (``--manage-sandbox``)."""
+    existing_sandboxes: bool = False
+    """Each task's Sandbox is provisioned by another controller (caliban-operator names it
+    ``<task>-sbx``) or by hand (``--existing-sandboxes``): the operator drains, suspends
+    and resumes it as ``--manage-sandbox`` does, reads its workspace PVC from it, and
+    never creates a Sandbox, a PVC or the pod's other children. Implies
+    ``manage_sandbox``."""
     peering: str | None = None
     """The kopf peering object the operator's replicas share (``drainctl operator
     --peering``): a ClusterKopfPeering for a clusterwide operator, a KopfPeering in each
@@ -121,6 +127,13 @@ class Settings(BrokerSettings):
         if self.amqp:
             return "2 * DRAIN_BROKER_HEARTBEAT_SECS"
         return "DRAIN_VISIBILITY_TIMEOUT_SECS + DRAIN_UNACKED_RESTORE_INTERVAL_SECS"
+
+    @model_validator(mode="after")
+    def _existing_sandboxes_are_managed(self) -> Self:
+        """Operating on Sandboxes another controller made is managing them, less making."""
+        if self.existing_sandboxes:
+            self.manage_sandbox = True
+        return self
 
     @model_validator(mode="after")
     def _redelivery_lands_in_time(self) -> Self:

@@ -37,6 +37,13 @@ API_TIMEOUT_SECS: Final = 10.0
 @click.command("operator")
 @click.option("--manage-sandbox", is_flag=True, help="Provision each task's Sandbox and PVC.")
 @click.option(
+    "--existing-sandboxes",
+    is_flag=True,
+    help="Sandboxes are provisioned elsewhere (caliban-operator's <task>-sbx, or "
+    "spec.sandbox.name): drain, suspend and resume them, never create one "
+    "(DRAIN_EXISTING_SANDBOXES).",
+)
+@click.option(
     "--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable)."
 )
 @click.option(
@@ -57,6 +64,7 @@ API_TIMEOUT_SECS: Final = 10.0
 @log_level_option
 def operator_cmd(
     manage_sandbox: bool,
+    existing_sandboxes: bool,
     namespaces: tuple[str, ...],
     peering: str | None,
     liveness: str | None,
@@ -71,6 +79,7 @@ def operator_cmd(
         run_operator(
             namespaces=list(namespaces) or None,
             manage_sandbox=manage_sandbox,
+            existing_sandboxes=existing_sandboxes,
             peering=peering,
             liveness=liveness,
         )

@@ -71,6 +71,7 @@ from orchestrator.operator.lifecycle import (
     idle_report,
     launch_step,
     merge_conditions,
+    on_existing_sandbox,
     operation_key,
     parse_spec,
     parse_time,
@@ -283,13 +284,19 @@ class Reconciler:
 
     # -- the pass
 
+    def parse(self, spec: Any) -> TaskSpec:
+        """The task's spec as the operator runs it (``lifecycle.parse_spec``, then
+        ``lifecycle.on_existing_sandbox``); a ``SpecError`` names what is wrong."""
+        parsed = parse_spec(dict(spec or {}))
+        return on_existing_sandbox(parsed, self.name, self.settings.existing_sandboxes)
+
     async def run(self) -> None:
         await self.advance()
         self.set_ready()
 
     async def advance(self) -> None:
         try:
-            spec = parse_spec(dict(self.body.spec or {}))
+            spec = self.parse(self.body.spec)
         except SpecError as exc:
             self.set_condition("SpecValid", False, exc.reason, str(exc))
             if self.status.get("phase") != Phase.FAILED:
@@ -1300,7 +1307,7 @@ async def drain_on_delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
 async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
     r = Reconciler(body, patch, get_ledger(), get_settings())
     try:
-        spec: TaskSpec | None = parse_spec(dict(body.spec or {}))
+        spec: TaskSpec | None = r.parse(body.spec)
     except SpecError:
         spec = None
     key = operation_key(r.uid, Purpose.DELETE)
@@ -1452,6 +1459,7 @@ def run_operator(
     manage_sandbox: bool,
     peering: str | None = None,
     liveness: str | None = None,
+    existing_sandboxes: bool = False,
 ) -> None:
     """``drainctl operator``: kopf in the foreground; standalone (one replica) unless
     ``peering`` (or ``DRAIN_PEERING``) names the peering object its replicas share
@@ -1462,6 +1470,8 @@ def run_operator(
 
     if manage_sandbox:
         os.environ["DRAIN_MANAGE_SANDBOX"] = "true"
+    if existing_sandboxes:
+        os.environ["DRAIN_EXISTING_SANDBOXES"] = "true"
     if peering is not None:
         os.environ["DRAIN_PEERING"] = peering
     get_settings.cache_clear()

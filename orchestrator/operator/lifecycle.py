@@ -35,6 +35,7 @@ from orchestrator.operator.crd import (
     SANDBOX_CRD,
     SANDBOX_V1ALPHA1,
     SANDBOX_V1BETA1,
+    sandbox_name,
 )
 from orchestrator.operator.workspace import DAEMON_PROVIDER, Binding
 from worker_agent.contract import says_checkpoint_mismatch
@@ -129,6 +130,16 @@ class TaskSpec:
         """This spec run against ``binding``: the daemon's OpenAI-compatible provider with
         the Workspace provider's model."""
         return replace(self, binding=binding, provider=DAEMON_PROVIDER, model=binding.model)
+
+
+def on_existing_sandbox(spec: TaskSpec, task: str, existing_sandboxes: bool) -> TaskSpec:
+    """``spec`` as the operator runs it: where Sandboxes are provisioned elsewhere
+    (``DRAIN_EXISTING_SANDBOXES``), a task that names no Sandbox runs in the one
+    caliban-operator makes for it, ``<task>-sbx``, exactly as if ``spec.sandbox.name``
+    named it: waited for, drained, suspended and resumed, never created."""
+    if not existing_sandboxes or spec.sandbox_name is not None:
+        return spec
+    return replace(spec, sandbox_name=sandbox_name(task))
 
 
 def _value_or(section: dict[str, Any], key: str, default: Any) -> Any:

@@ -50,6 +50,7 @@ from orchestrator.operator.lifecycle import (
     idle_secs,
     launch_step,
     merge_conditions,
+    on_existing_sandbox,
     operation_key,
     parse_duration,
     parse_spec,
@@ -1202,3 +1203,31 @@ def test_a_finished_scale_says_how_it_went(
 ) -> None:
     change = scale_outcome(kind, state, error, ref, 3, 1)
     assert (change.type, change.status, change.reason, change.message) == expected
+
+
+# ---------------------------------------------------------- Sandboxes made elsewhere
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "existing", "runs_in"),
+    [
+        pytest.param({}, False, None, id="ours-to-make"),
+        pytest.param({}, True, "napper-sbx", id="made-elsewhere-as-caliban-operator-names-it"),
+        pytest.param({"name": "mine"}, True, "mine", id="named-wins-elsewhere"),
+        pytest.param({"name": "mine"}, False, "mine", id="named-wins-here"),
+    ],
+)
+def test_a_task_runs_in_the_sandbox_made_elsewhere_when_sandboxes_are_not_ours_to_make(
+    sandbox: dict[str, Any], existing: bool, runs_in: str | None
+) -> None:
+    spec = parse_spec({"sandbox": sandbox} if sandbox else {})
+    assert on_existing_sandbox(spec, "napper", existing).sandbox_name == runs_in
+
+
+def test_existing_sandboxes_imply_operating_on_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.settings import Settings
+
+    monkeypatch.setenv("DRAIN_EXISTING_SANDBOXES", "true")
+    monkeypatch.delenv("DRAIN_MANAGE_SANDBOX", raising=False)
+    settings = Settings()
+    assert settings.existing_sandboxes and settings.manage_sandbox
