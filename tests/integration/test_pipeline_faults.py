@@ -107,7 +107,12 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(
     # Long turns: each agent finishes its in-flight turn inside the grace, so the drain
     # takes seconds and the consumer can be killed while it waits for the reply.
     daemon.spawn_working(3, "turns=100000,turn_ms=3000", 1)
-    wait_until(lambda: consumer_pid(daemon), 30, "the consumer")
+    # Connected, not only started: a consumer still connecting under load would take the
+    # drain late, and the wait below for it to be under way would time out.
+    wait_until(
+        lambda: "broker_connection state=connected" in daemon.log_text(), 60,
+        "the daemon's consumer to connect",
+    )  # fmt: skip
     started = pg_stack.drainctl("drain", "team-a/task-k", "--grace", "20")
     assert started.returncode == 0, started.stderr
     wait_until(
