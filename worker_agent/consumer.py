@@ -201,83 +201,7 @@ def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
 def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     """Resume each agent of a checkpoint (all in the store when it names none); one that
     is already live counts as resumed."""
-    try:
-        request = ResumeRequest.model_validate(payload)
-    except ValidationError as exc:
-        reason = malformed("resume request", exc)
-        log.error("resume_refused reason=%s", reason)
-        op_id = str(payload.get("op_id", ""))
-        return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")
-    config = ConsumerConfig.from_env()
-    journal = OperationJournal(config.store)
-    if (done := journal.get(request.op_id, "resume", ResumeResult)) is not None:
-        log.info("resume_redelivered op=%s answered_from=journal", request.op_id)
-        return done.model_dump(mode="json")
-    if (refused := config.refusal(request.task_uid)) is not None:
-        log.warning("resume_refused op=%s reason=%s", request.op_id, refused)
-        answer = ResumeResult(op_id=request.op_id, results=[], error=refused)
-        journal.put(request.op_id, "resume", answer)
-        return answer.model_dump(mode="json")
-    results: list[AgentResumeOutcome] = []
-    try:
-        with _client(config, timeout=120) as client:
-            records = client.agents()
-            live = {r.id for r in records if r.status.live}
-            agents = request.agents
-            # One a redelivered resume already brought back has moved on: not checked.
-            waiting = [a for a in agents if a.id not in live]
-            if (mismatch := _not_this_checkpoint(config.store, waiting)) is not None:
-                log.warning("resume_refused op=%s reason=%s", request.op_id, mismatch)
-                answer = ResumeResult(op_id=request.op_id, results=[], error=mismatch)
-                journal.put(request.op_id, "resume", answer)
-                return answer.model_dump(mode="json")
-            if not agents:
-                # A forced checkpoint or a recovery names no agents: it is the PVC as it
-                # is, so every agent in the store with work left is resumed; one a user
-                # killed, or that finished its work, stays as it is.
-                # An agent a scale-down retired is no longer the task's: not resumed.
-                agents = [
-                    ResumeAgent(id=r.id, session_dir=f"agents/{r.id}")
-                    for r in records
-                    if (r.status.live or r.status.interrupted) and not r.retired
-                ]
-                for r in records:
-                    if not (r.status.live or r.status.interrupted) or r.retired:
-                        log.info("resume_skipped agent=%s status=%s", r.id, r.status)
-            for agent in agents:
-                if agent.id in live:
-                    results.append(AgentResumeOutcome(id=agent.id, ok=True, note="already running"))
-                    continue
-                try:
-                    client.resume(
-                        agent.session_dir,
-                        expect_turns=agent.turns,
-                        expect_sha256=agent.session_sha256,
-                        provider=request.provider,
-                        model=request.model,
-                    )
-                except ControlError as exc:
-                    if says_daemon_stopping(exc.body.kind, exc.body.message):
-                        _hand_back(request.op_id)
-                    results.append(
-                        AgentResumeOutcome(id=agent.id, ok=False, error=exc.body.message)
-                    )
-                else:
-                    results.append(AgentResumeOutcome(id=agent.id, ok=True))
-    except (ConnectionError, OSError) as exc:
-        if self.request.retries < SUPERVISOR_RETRIES:
-            raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
-        unreachable = ResumeResult(
-            op_id=request.op_id, results=results, error=f"supervisor unreachable: {exc}"
-        )
-        return unreachable.model_dump(mode="json")
-    result = ResumeResult(op_id=request.op_id, results=results, error=None)
-    journal.put(request.op_id, "resume", result)
-    log.info(
-        "resume_done op=%s ok=%d failed=%d",
-        request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
-    )  # fmt: skip
-    return result.model_dump(mode="json")
+    return _bring_agents(self, payload, ResumeRequest, "resume", _resume_checkpoint)
 
 
 @app.task(name=DAEMON_SCALE_UP, bind=True, max_retries=SUPERVISOR_RETRIES)
@@ -286,48 +210,126 @@ def scale_up(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     first, each continuing its conversation at ``turns + 1``, then spawn new ones. Judged
     against the agents the task has when it runs, so a redelivery that finds the task
     grown already brings nobody twice."""
+    return _bring_agents(self, payload, ScaleUpRequest, "scale_up", _grow)
+
+
+_Brings = TypeVar("_Brings", ResumeRequest, ScaleUpRequest)
+
+
+def _bring_agents(
+    task: Task[Any, Any],
+    payload: dict[str, object],
+    model: type[_Brings],
+    what: Verb,
+    bring: Callable[
+        [SupervisorClient, ConsumerConfig, _Brings, list[AgentResumeOutcome]], str | None
+    ],
+) -> JsonObject:
+    """Agents brought back or started, as a ``ResumeResult``: ``bring`` appends one
+    outcome per agent, or answers why the whole operation is refused (nothing brought).
+    Journaled under its op id, so a redelivered message is answered the same.
+
+    A malformed request is answered with an error result, never raised (a task that
+    raises on its input would be retried forever)."""
     try:
-        request = ScaleUpRequest.model_validate(payload)
+        request = model.model_validate(payload)
     except ValidationError as exc:
-        reason = malformed("scale-up request", exc)
-        log.error("scale_up_refused reason=%s", reason)
+        reason = malformed(f"{what.replace('_', '-')} request", exc)
+        log.error("%s_refused reason=%s", what, reason)
         op_id = str(payload.get("op_id", ""))
         return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")
     config = ConsumerConfig.from_env()
     journal = OperationJournal(config.store)
-    if (done := journal.get(request.op_id, "scale_up", ResumeResult)) is not None:
-        log.info("scale_up_redelivered op=%s answered_from=journal", request.op_id)
+    if (done := journal.get(request.op_id, what, ResumeResult)) is not None:
+        log.info("%s_redelivered op=%s answered_from=journal", what, request.op_id)
         return done.model_dump(mode="json")
-    if (refused := config.refusal(request.task_uid)) is not None:
-        log.warning("scale_up_refused op=%s reason=%s", request.op_id, refused)
-        answer = ResumeResult(op_id=request.op_id, results=[], error=refused)
-        journal.put(request.op_id, "scale_up", answer)
-        return answer.model_dump(mode="json")
     results: list[AgentResumeOutcome] = []
+    refused = config.refusal(request.task_uid)
     try:
-        with _client(config, timeout=120) as client:
-            records = client.agents()
-            missing = request.agents - sum(not r.retired for r in records)
-            revive = [r for r in records if r.retired][: max(0, missing)]
-            for record in revive:
-                results.append(_bring(client, request, record.id))
-            for _ in range(max(0, missing - len(revive))):
-                results.append(_bring(client, request, None))
+        if refused is None:
+            with _client(config, timeout=120) as client:
+                refused = bring(client, config, request, results)
     except (ConnectionError, OSError) as exc:
-        if self.request.retries < SUPERVISOR_RETRIES:
-            raise self.retry(countdown=1 + self.request.retries, exc=exc) from None
+        if task.request.retries < SUPERVISOR_RETRIES:
+            raise task.retry(countdown=1 + task.request.retries, exc=exc) from None
         unreachable = ResumeResult(
             op_id=request.op_id, results=results, error=f"supervisor unreachable: {exc}"
         )
         return unreachable.model_dump(mode="json")
+    if refused is not None:
+        log.warning("%s_refused op=%s reason=%s", what, request.op_id, refused)
+        answer = ResumeResult(op_id=request.op_id, results=[], error=refused)
+        journal.put(request.op_id, what, answer)
+        return answer.model_dump(mode="json")
     result = ResumeResult(op_id=request.op_id, results=results, error=None)
-    journal.put(request.op_id, "scale_up", result)
+    journal.put(request.op_id, what, result)
     log.info(
-        "scale_up_done op=%s agents=%d resumed=%d spawned=%d failed=%d",
-        request.op_id, request.agents, sum(r.note == "resumed" for r in results),
-        sum(r.note == "spawned" for r in results), sum(not r.ok for r in results),
+        "%s_done op=%s ok=%d failed=%d", what,
+        request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
     )  # fmt: skip
     return result.model_dump(mode="json")
+
+
+def _resume_checkpoint(
+    client: SupervisorClient,
+    config: ConsumerConfig,
+    request: ResumeRequest,
+    results: list[AgentResumeOutcome],
+) -> str | None:
+    records = client.agents()
+    live = {r.id for r in records if r.status.live}
+    agents = request.agents
+    # One a redelivered resume already brought back has moved on: not checked.
+    waiting = [a for a in agents if a.id not in live]
+    if (mismatch := _not_this_checkpoint(config.store, waiting)) is not None:
+        return mismatch
+    if not agents:
+        # A forced checkpoint or a recovery names no agents: it is the PVC as it is, so
+        # every agent in the store with work left is resumed; one a user killed, or that
+        # finished its work, stays as it is, and so does one a scale-down retired: it is
+        # no longer the task's.
+        agents = [
+            ResumeAgent(id=r.id, session_dir=f"agents/{r.id}")
+            for r in records
+            if (r.status.live or r.status.interrupted) and not r.retired
+        ]
+        for r in records:
+            if not (r.status.live or r.status.interrupted) or r.retired:
+                log.info("resume_skipped agent=%s status=%s", r.id, r.status)
+    for agent in agents:
+        if agent.id in live:
+            results.append(AgentResumeOutcome(id=agent.id, ok=True, note="already running"))
+            continue
+        try:
+            client.resume(
+                agent.session_dir,
+                expect_turns=agent.turns,
+                expect_sha256=agent.session_sha256,
+                provider=request.provider,
+                model=request.model,
+            )
+        except ControlError as exc:
+            if says_daemon_stopping(exc.body.kind, exc.body.message):
+                _hand_back(request.op_id)
+            results.append(AgentResumeOutcome(id=agent.id, ok=False, error=exc.body.message))
+        else:
+            results.append(AgentResumeOutcome(id=agent.id, ok=True))
+    return None
+
+
+def _grow(
+    client: SupervisorClient,
+    config: ConsumerConfig,
+    request: ScaleUpRequest,
+    results: list[AgentResumeOutcome],
+) -> None:
+    records = client.agents()
+    missing = request.agents - sum(not r.retired for r in records)
+    revive = [r for r in records if r.retired][: max(0, missing)]
+    for record in revive:
+        results.append(_bring(client, request, record.id))
+    for _ in range(max(0, missing - len(revive))):
+        results.append(_bring(client, request, None))
 
 
 def _bring(

@@ -152,26 +152,10 @@ def start_resume(
             )
             for a in checkpoint.agents
         ]  # fmt: skip
-    resume = app.signature(
-        DAEMON_RESUME,
-        kwargs=ResumeRequest(
-            op_id=op.id, agents=agents, task_uid=task_uid, provider=provider, model=model
-        ).model_dump(mode="json"),
-        queue=queue,
-        expires=settings.resume_expires_secs,
-    ).set(task_id=f"{op.id}.resume")
-    record = app.signature(
-        RECORD_RESUME,
-        kwargs=RecordResumeArgs(op_id=op.id).model_dump(mode="json"),
-        queue=ORCHESTRATOR_QUEUE,
-    ).set(task_id=f"{op.id}.record")
-    chain(resume, record).apply_async()
-    return _advance(
-        ledger,
-        op,
-        OperationState.RESUMING,
-        {"resume": f"{op.id}.resume", "record": f"{op.id}.record"},
+    request = ResumeRequest(
+        op_id=op.id, agents=agents, task_uid=task_uid, provider=provider, model=model
     )
+    return _send_to_resume(app, ledger, settings, op, queue, DAEMON_RESUME, request)
 
 
 def start_scale_up(
@@ -205,22 +189,37 @@ def start_scale_up(
         op_id=op.id, agents=agents, provider=provider, model=model, prompt=prompt,
         task_uid=task_uid,
     )  # fmt: skip
-    scale = app.signature(
-        DAEMON_SCALE_UP,
-        kwargs=request.model_dump(mode="json"),
-        queue=daemon_queue(namespace, name),
+    queue = daemon_queue(namespace, name)
+    return _send_to_resume(app, ledger, settings, op, queue, DAEMON_SCALE_UP, request)
+
+
+def _send_to_resume(
+    app: Celery,
+    ledger: Ledger,
+    settings: Settings,
+    op: OperationView,
+    queue: str,
+    task: str,
+    request: ResumeRequest | ScaleUpRequest,
+) -> OperationView:
+    """Send ``task`` (it waits in the daemon's queue for the pod) → ``record_resume``,
+    then move the operation to ``resuming``."""
+    resume = app.signature(
+        task, kwargs=request.model_dump(mode="json"), queue=queue,
         expires=settings.resume_expires_secs,
-    ).set(task_id=f"{op.id}.resume")
+    ).set(task_id=f"{op.id}.resume")  # fmt: skip
     record = app.signature(
         RECORD_RESUME,
         kwargs=RecordResumeArgs(op_id=op.id).model_dump(mode="json"),
         queue=ORCHESTRATOR_QUEUE,
     ).set(task_id=f"{op.id}.record")
-    chain(scale, record).apply_async()
+    chain(resume, record).apply_async()
     return _advance(
-        ledger, op, OperationState.RESUMING, {"resume": f"{op.id}.resume",
-                                              "record": f"{op.id}.record"},
-    )  # fmt: skip
+        ledger,
+        op,
+        OperationState.RESUMING,
+        {"resume": f"{op.id}.resume", "record": f"{op.id}.record"},
+    )
 
 
 def _begin(
