@@ -57,6 +57,7 @@ class ServedResource:
     into_storage: Conversion | None = field(default=None, compare=False, repr=False)
     from_storage: Conversion | None = field(default=None, compare=False, repr=False)
     crd_name: str | None = None  # the CRD that serves it; None for built-ins
+    deprecation_warning: str | None = None  # a CRD version marked deprecated: the warning
 
     @property
     def key(self) -> ResourceKey:
@@ -335,6 +336,11 @@ def served_from_crd(crd: Mapping[str, Any]) -> list[ServedResource]:
                 into_storage=_converted(f"{group}/{storage[1]}", None, convert),
                 from_storage=_converted(api_version, schema, convert),
                 crd_name=name,
+                deprecation_warning=(
+                    str(version.get("deprecationWarning") or f"{api_version} {kind} is deprecated")
+                    if version.get("deprecated")
+                    else None
+                ),
             )
         )
     return served

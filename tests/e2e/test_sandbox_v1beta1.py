@@ -125,6 +125,12 @@ def test_a_task_naming_no_version_gets_a_v1beta1_sandbox_which_v1alpha1_reads_as
         "agents.x-k8s.io/v1beta1"
     )
     assert seen() == ("Running", "1")
+    # v1alpha1 is served deprecated: kubectl says so, as against a cluster.
+    alpha = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", sbx)
+    assert alpha.stderr.strip() == (
+        "Warning: agents.x-k8s.io/v1alpha1 Sandbox is deprecated; use "
+        "agents.x-k8s.io/v1beta1 Sandbox instead"
+    )
     # agent-sandbox's own printer columns.
     header = stack.kubectl("get", "sandboxes.v1beta1.agents.x-k8s.io", sbx).stdout.split("\n")[0]
     assert header.split() == ["NAME", "READY", "REASON", "AGE"]

@@ -122,6 +122,11 @@ def test_the_embedded_api_converts_where_the_crd_has_a_webhook(
     assert stored["spec"]["operatingMode"] == "Suspended" and "replicas" not in stored["spec"]
     assert alpha.to_served(stored)["spec"]["replicas"] == 0
     assert beta.to_served(stored)["spec"]["operatingMode"] == "Suspended"
+    assert alpha.deprecation_warning == (
+        "agents.x-k8s.io/v1alpha1 Sandbox is deprecated; use agents.x-k8s.io/v1beta1 Sandbox "
+        "instead"
+    )
+    assert beta.deprecation_warning is None
     # The real printer columns, where the version declares them.
     assert [c.name for c in beta.columns] == ["Ready", "Reason", "Age"]
 
