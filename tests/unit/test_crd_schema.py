@@ -1,4 +1,4 @@
-"""The CalibanTask CRD, the Sandbox stand-in CRD and the sample manifests, checked offline.
+"""The CalibanTask CRD, agent-sandbox's Sandbox CRD and the sample manifests, checked offline.
 
 There is no API server here, so the CRD's ``openAPIV3Schema`` is translated into draft-4
 JSON Schema (what OpenAPI v3.0 schemas are built on) and checked with ``jsonschema``:
