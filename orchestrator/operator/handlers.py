@@ -303,7 +303,7 @@ class Reconciler:
             self.set_status(failedGeneration=None, sandboxApiVersion=None)
             self.set_phase(Phase.PENDING, "the spec changed since the task failed: trying again")
             phase = Phase.PENDING
-        spec = await self.resolve_sandbox_version(spec, phase)
+        spec = await self.resolve_sandbox_version(spec)
         if spec.workspace_ref is not None:
             bound = await self.bind_workspace(spec, phase)
             if bound is None:
@@ -326,13 +326,14 @@ class Reconciler:
             await self.while_suspended(spec)
         await self.guard_operation_in_progress()
 
-    async def resolve_sandbox_version(self, spec: TaskSpec, phase: str | None) -> TaskSpec:
+    async def resolve_sandbox_version(self, spec: TaskSpec) -> TaskSpec:
         """``spec`` with the Sandbox API version it talks to its Sandbox in
         (``sandbox_api_version_choice``): what the spec names, else what is pinned in
         ``status.sandboxApiVersion``, else what the cluster serves, read once and pinned.
         Nothing is pinned from a cluster with no Sandbox CRD (the task fails for that
         before anything is created), so once it is installed a corrected task asks
-        again."""
+        again. Every handler resolves it before it touches the Sandbox (the timer's pass
+        and the drain finalizer): an unresolved spec has no version to read it at."""
         version = sandbox_api_version_choice(
             spec.sandbox_api_version, self.status.get("sandboxApiVersion"),
             started=bool(self.status.get("sandboxName")),
@@ -1234,6 +1235,8 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
         spec: TaskSpec | None = parse_spec(dict(body.spec or {}))
     except SpecError:
         spec = None
+    if spec is not None:  # its Sandbox is looked at while the drain runs
+        spec = await r.resolve_sandbox_version(spec)
     key = operation_key(r.uid, Purpose.DELETE)
     op = await _ledger_call(r.ledger.find_operation, key)
     if op is None:
