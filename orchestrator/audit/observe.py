@@ -131,9 +131,10 @@ def read_cluster() -> Cluster:
 
 
 def sandbox_storage_version() -> str | None:
-    """The version Sandboxes are stored as: read at it, each shows the suspension field
-    it was written with, whichever version the operator or a user wrote it at (without
-    a conversion webhook the other version's view lacks it). None: no Sandbox CRD."""
+    """The version Sandboxes are stored as, at which the audit reads them all: at it
+    each shows its suspension whichever version a task or a user wrote it at (with a
+    conversion webhook the field is converted into it; without one the other version's
+    view would lack the field). None: no Sandbox CRD."""
     try:
         found = client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
     except ApiException as exc:
@@ -145,10 +146,7 @@ def sandbox_storage_version() -> str | None:
 
 def _sandbox(api_version: str, obj: dict[str, Any]) -> SandboxState:
     meta, spec = obj["metadata"], obj.get("spec") or {}
-    if api_version == crd.SANDBOX_V1BETA1:
-        suspended = spec.get("operatingMode", "Running") == "Suspended"
-    else:
-        suspended = int(spec.get("replicas", 1) or 0) == 0
+    suspended = crd.sandbox_suspended(api_version, obj)
     pod_spec = (spec.get("podTemplate") or {}).get("spec") or {}
     containers = pod_spec.get("containers") or [{}]
     args = [str(a) for a in containers[0].get("args") or []]

@@ -39,10 +39,13 @@ def dev() -> None:
 @click.option("--port", default=0, show_default=True, type=int, help="API port (0: any).")
 @click.option(
     "--sandbox-storage",
-    type=click.Choice(["v1alpha1", "v1beta1"]),
-    default="v1alpha1",
+    type=click.Choice(["v1beta1", "v1alpha1"]),
+    default="v1beta1",
     show_default=True,
-    help="The Sandbox version the embedded cluster stores (as a real cluster has one).",
+    help="The Sandbox API the embedded cluster has. v1beta1: agent-sandbox's CRD as "
+    "released (stores v1beta1, serves v1alpha1 deprecated, converts between them). "
+    "v1alpha1: a cluster whose agent-sandbox predates v1beta1 (serves and stores v1alpha1 "
+    "only).",
 )
 @click.option(
     "--fresh",

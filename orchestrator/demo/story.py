@@ -375,11 +375,32 @@ class Story:
             raise DemoFailure(f"status.checkpointRef {ref} is not in the ledger")
         return {agent.agent_id: agent.turns for agent in checkpoint.agents}
 
-    def sandbox_suspended(self, name: str) -> bool:
-        sandbox = self.custom().get_namespaced_custom_object(
-            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, crd.sandbox_name(name)
+    def sandbox_api_version(self, name: str) -> str:
+        """The Sandbox API version task ``name`` talks to its Sandbox in (pinned in its
+        status when it was first seen)."""
+        pinned = self.status(name).get("sandboxApiVersion")
+        if not isinstance(pinned, str):
+            raise DemoFailure(f"{name} has no status.sandboxApiVersion")
+        return pinned
+
+    def sandbox(self, name: str) -> dict[str, Any]:
+        """Task ``name``'s Sandbox, read in the version the task uses."""
+        version = self.sandbox_api_version(name).partition("/")[2]
+        found: dict[str, Any] = self.custom().get_namespaced_custom_object(
+            crd.SANDBOX_GROUP, version, NAMESPACE, crd.SANDBOX_PLURAL, crd.sandbox_name(name)
         )
-        return int(sandbox.get("spec", {}).get("replicas", 1) or 0) == 0
+        return found
+
+    def sandbox_suspended(self, name: str) -> bool:
+        return crd.sandbox_suspended(self.sandbox_api_version(name), self.sandbox(name))
+
+    def suspension_field(self, name: str) -> str:
+        """How task ``name``'s Sandbox says it is suspended: ``operatingMode Suspended``
+        (v1beta1) or ``replicas 0`` (v1alpha1)."""
+        from orchestrator.operator.lifecycle import sandbox_suspension_patch
+
+        patch = sandbox_suspension_patch(self.sandbox_api_version(name), True)["spec"]
+        return ", ".join(f"{key} {value}" for key, value in patch.items())
 
     def check_resumed(self, pvc: str, at: dict[str, int], what: str) -> None:
         """Every agent of ``at`` resumed on ``pvc`` at its ``turns + 1``."""
@@ -433,7 +454,7 @@ class Story:
             if not self.sandbox_suspended(TASK):
                 raise DemoFailure(f"{TASK} is Suspended but its Sandbox still runs")
             self.progress(f"   {TASK} Suspended (pausedBy idle): checkpoint {paused}, Sandbox "
-                          "replicas 0, no daemon")  # fmt: skip
+                          f"{self.suspension_field(TASK)}, no daemon")  # fmt: skip
 
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self.step(
@@ -563,9 +584,7 @@ class Story:
         from worker_agent.client import SupervisorClient
 
         assert self.stack is not None
-        sandbox = self.custom().get_namespaced_custom_object(
-            crd.SANDBOX_GROUP, "v1alpha1", NAMESPACE, crd.SANDBOX_PLURAL, crd.sandbox_name(name)
-        )
+        sandbox = self.sandbox(name)
         run = empty_dir(self.sandboxes, sandbox["metadata"]["uid"], crd.RUN_VOLUME)
         path = run / crd.DAEMON_SOCKET_FILE
         with SupervisorClient(socket_path=path, timeout=30) as daemon:

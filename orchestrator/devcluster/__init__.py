@@ -12,9 +12,10 @@ that outlives the process (``drainctl dev up``'s state dir); ``resources``: what
   the stand-in CSI driver and snapshotter it runs (PVCs, VolumeSnapshots and restores as
   directories: :data:`DEV_CSI_DRIVER`, the class :data:`DEV_SNAPSHOT_CLASS`); ``up``:
   ``drainctl dev up``, the whole stack around this API, serving the CRDs shipped as
-  package data (``orchestrator/operator/crds/``, the stand-in Sandbox CRD in ``crds/``
-  here, and the external-snapshotter's CRDs in ``crds/snapshots/`` unless
-  ``--no-snapshots``).
+  package data (``orchestrator/operator/crds/``, agent-sandbox's own Sandbox CRD in
+  ``crds/agent-sandbox/`` here, and the external-snapshotter's CRDs in ``crds/snapshots/``
+  unless ``--no-snapshots``); ``conversion``: the built-in converters standing in for
+  conversion webhooks (agent-sandbox's, between the Sandbox's v1alpha1 and v1beta1).
 
 Installed with the ``dev`` extra (``pip install 'caliban-drain[dev]'``: kmock, aiohttp,
 jsonpatch, jsonpointer, attrs, PyYAML); no runtime process needs it. It may import the

@@ -372,6 +372,18 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
             raise errors.unknown_resource()
         if served.key == authz.SELF_SUBJECT_ACCESS_REVIEWS:
             return self._review(request)
+        response = await self._serve_served(request, raw, served)
+        if served.deprecation_warning and not response.prepared:  # a watch streams at once
+            # A deprecated CRD version warns on every request, as the API server does
+            # (kubectl prints "Warning: …").
+            said = response.headers.get("Warning")
+            warning = f'299 - "{json.dumps(served.deprecation_warning)[1:-1]}"'
+            response.headers["Warning"] = f"{said}, {warning}" if said else warning
+        return response
+
+    async def _serve_served(
+        self, request: kmock.Request, raw: aiohttp.web.BaseRequest, served: ServedResource
+    ) -> aiohttp.web.StreamResponse:
         if request.params.get("dryRun"):
             raise errors.bad_request("dry-run is not supported by the embedded API server")
         subresource = request.subresource

@@ -4,7 +4,8 @@ A :class:`ServedResource` is one ``group/version/plural`` endpoint: what discove
 about it (kind, singular, shortNames, verbs, scope, the ``status`` subresource), the
 Table columns ``kubectl get`` prints, the schema that prunes, defaults and validates its
 objects, and the storage it maps to. Several endpoints can share one storage: the
-versions of a CRD (the storage version's objects, re-labelled and pruned per version)
+versions of a CRD (the storage version's objects, re-labelled, or converted where the
+CRD's conversion is a webhook (``conversion``), and pruned per version)
 and ``events.k8s.io/v1`` events (core ``v1`` events with the fields renamed), so
 ``kubectl get events`` shows events whichever API the writer used.
 
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.devcluster import conversion
 from orchestrator.devcluster import schema as schemas
 from orchestrator.devcluster.tables import PrinterColumn, age_column, age_since
 
@@ -55,6 +57,7 @@ class ServedResource:
     into_storage: Conversion | None = field(default=None, compare=False, repr=False)
     from_storage: Conversion | None = field(default=None, compare=False, repr=False)
     crd_name: str | None = None  # the CRD that serves it; None for built-ins
+    deprecation_warning: str | None = None  # a CRD version marked deprecated: the warning
 
     @property
     def key(self) -> ResourceKey:
@@ -309,6 +312,7 @@ def served_from_crd(crd: Mapping[str, Any]) -> list[ServedResource]:
             f"Invalid value: {storage_versions}: must have exactly one version marked as storage",
         )
     storage: ResourceKey = (group, storage_versions[0], plural)
+    convert = _conversion(name, spec.get("conversion"))
     served = []
     for version in versions:
         if not version.get("served", True):
@@ -329,9 +333,14 @@ def served_from_crd(crd: Mapping[str, Any]) -> list[ServedResource]:
                 columns=_crd_columns(version),
                 schema=schema,
                 storage=None if version["name"] == storage[1] else storage,
-                into_storage=_relabel(f"{group}/{storage[1]}", None),
-                from_storage=_relabel(api_version, schema),
+                into_storage=_converted(f"{group}/{storage[1]}", None, convert),
+                from_storage=_converted(api_version, schema, convert),
                 crd_name=name,
+                deprecation_warning=(
+                    str(version.get("deprecationWarning") or f"{api_version} {kind} is deprecated")
+                    if version.get("deprecated")
+                    else None
+                ),
             )
         )
     return served
@@ -354,18 +363,42 @@ def _crd_columns(version: Mapping[str, Any]) -> tuple[PrinterColumn, ...]:
     )
 
 
-def _relabel(api_version: str, schema: Mapping[str, Any] | None) -> Conversion:
-    """The conversion of a CRD without a webhook (strategy None): only ``apiVersion``
-    changes, and reading through a version prunes what that version does not declare."""
+def _conversion(crd_name: Any, strategy: Any) -> conversion.Converter | None:
+    """The converter of a CRD whose ``spec.conversion`` is a webhook (the built-in one
+    standing in for it), None for strategy None; a webhook with no built-in converter
+    cannot be served (422), since no object could be read through another version."""
+    if not isinstance(strategy, Mapping) or strategy.get("strategy", "None") == "None":
+        return None
+    convert = conversion.converter_for(str(crd_name))
+    if strategy.get("strategy") != "Webhook" or convert is None:
+        raise CrdError(
+            "spec.conversion.strategy",
+            f"Unsupported value: {strategy.get('strategy')!r}: the embedded API calls no "
+            "conversion webhooks and has no built-in conversion for this CRD (it has one "
+            f"for {', '.join(sorted(conversion.BUILT_IN))}); serve it with strategy None",
+        )
+    return convert
 
-    def convert(obj: Mapping[str, Any]) -> Obj:
-        out = dict(obj)
-        out["apiVersion"] = api_version
+
+def _converted(
+    api_version: str, schema: Mapping[str, Any] | None, convert: conversion.Converter | None
+) -> Conversion:
+    """An object at ``api_version``: converted by ``convert`` (a webhook's stand-in), or,
+    for a CRD without a webhook (strategy None), with only ``apiVersion`` changed; read
+    through a version (``schema``), pruned of what that version does not declare."""
+    version = api_version.rpartition("/")[2]
+
+    def converted(obj: Mapping[str, Any]) -> Obj:
+        if convert is not None:
+            out = convert(obj, version)
+        else:
+            out = dict(obj)
+            out["apiVersion"] = api_version
         if schema is not None:
             out, _ = schemas.prune_and_default(out, schema)
         return out
 
-    return convert
+    return converted
 
 
 # ------------------------------------------------------------------ the registry

@@ -1,11 +1,11 @@
 """A local stand-in for the agent-sandbox controller, so Sandboxes act like pods.
 
 For development and tests only (a cluster runs the real controller). It watches
-Sandboxes (``agents.x-k8s.io``, through the CRD's storage version: ``replicas`` on
-v1alpha1, ``operatingMode`` on v1beta1) and PVCs through the Kubernetes API and keeps
-one real process per running Sandbox:
+Sandboxes (``agents.x-k8s.io``, through the CRD's storage version, as the real controller
+does) and PVCs through the Kubernetes API and keeps one real process per running Sandbox:
 
-- a Sandbox that should run (``replicas: 1`` / ``operatingMode: Running``) gets its pod
+- a Sandbox that should run (``operatingMode: Running`` at v1beta1, ``replicas: 1`` at
+  v1alpha1; written at the other version, the API's conversion carries it over) gets its pod
   template's first container started as a local process; ``drainctl`` resolves to this
   interpreter's ``orchestrator.cli``, and every volume mount path in the arguments is
   replaced by a local directory: a PVC's directory under ``<state>/volumes`` (it outlives
@@ -64,7 +64,12 @@ from kubernetes.client.exceptions import ApiException
 
 from orchestrator.devcluster import csi
 from orchestrator.devcluster.broker import free_port
-from orchestrator.operator.crd import SANDBOX_CRD, SANDBOX_GROUP, SANDBOX_PLURAL
+from orchestrator.operator.crd import (
+    SANDBOX_CRD,
+    SANDBOX_GROUP,
+    SANDBOX_PLURAL,
+    sandbox_suspended,
+)
 from worker_agent import reaper
 from worker_agent.children import dying_with_this_process
 
@@ -219,24 +224,25 @@ def pod_event(sandbox: dict[str, Any], reason: str, message: str) -> dict[str, A
 
 
 def should_run(version: str, sandbox: dict[str, Any]) -> bool:
+    """Whether a Sandbox read at ``version`` (``v1alpha1`` or ``v1beta1``) wants its pod:
+    not being deleted, and not suspended by that version's field."""
     if sandbox.get("metadata", {}).get("deletionTimestamp"):
         return False
-    spec = sandbox.get("spec") or {}
-    if version == "v1beta1":
-        return bool(spec.get("operatingMode", "Running") != "Suspended")
-    return int(spec.get("replicas", 1) or 0) > 0
+    return not sandbox_suspended(f"{SANDBOX_GROUP}/{version}", sandbox)
 
 
 def sandbox_status(
-    name: str, namespace: str, ready: tuple[str, str, str], *, running: bool
+    name: str, namespace: str, ready: tuple[str, str, str], *, running: bool, version: str
 ) -> dict[str, Any]:
-    """A Sandbox's ``status``: its ``Ready`` condition (status, reason, message), how many
-    pods run, and the FQDN of the headless Service the real controller makes for it."""
+    """A Sandbox's ``status`` at ``version``: its ``Ready`` condition (status, reason,
+    message), the FQDN of the headless Service the real controller makes for it, and at
+    v1alpha1 how many pods run (v1beta1 has no ``status.replicas``)."""
     status, reason, message = ready
+    replicas = {"replicas": 1 if running else 0} if version == "v1alpha1" else {}
     return {
         "serviceFQDN": f"{name}.{namespace}.svc.cluster.local",
         "service": name,
-        "replicas": 1 if running else 0,
+        **replicas,
         "conditions": [{
             "type": "Ready", "status": status, "reason": reason, "message": message,
             "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -294,8 +300,9 @@ class SandboxController:
         except Exception:  # volumes and snapshots must not hold up the pods' lifecycle
             log.exception("csi_driver_poll_failed")
         wanted: dict[str, tuple[str, dict[str, Any]]] = {}
-        # Every version serves the same stored objects (there is no conversion webhook),
-        # so each is read through the storage version only, as the real controller does.
+        # Every version serves the same stored objects, so each is read through the storage
+        # version only, as the real controller does (a suspension written at the other
+        # version reaches it through the API's conversion).
         version = await asyncio.to_thread(self._storage_version)
         listed = [] if version is None else await asyncio.to_thread(self._list_sandboxes, version)
         for sandbox in listed:
@@ -329,7 +336,7 @@ class SandboxController:
     ) -> None:
         """Each Sandbox's status as the real controller writes it: ``Ready`` (True while
         its pod's process runs; False, saying why, while it waits or is suspended),
-        ``replicas`` and ``serviceFQDN``; written only when it changes."""
+        ``serviceFQDN`` and, at v1alpha1, ``replicas``; written only when it changes."""
         for sandbox in sandboxes:
             meta = sandbox["metadata"]
             key = str(meta["uid"])
@@ -343,7 +350,8 @@ class SandboxController:
             else:
                 waiting = self._waiting.get(key) or "the pod is starting"
                 ready = ("False", "DependenciesNotReady", waiting)
-            status = sandbox_status(meta["name"], meta["namespace"], ready, running=pod is not None)
+            status = sandbox_status(meta["name"], meta["namespace"], ready,
+                                    running=pod is not None, version=version)  # fmt: skip
             if self._reported.get(key) == status:
                 continue
             try:

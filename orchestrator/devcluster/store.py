@@ -38,7 +38,7 @@ from typing import Any
 
 import kmock
 
-from orchestrator.devcluster import errors, patching, resources, schema, selectors
+from orchestrator.devcluster import conversion, errors, patching, resources, schema, selectors
 from orchestrator.devcluster.resources import ResourceKey, ServedResource
 
 log = logging.getLogger(__name__)
@@ -603,8 +603,49 @@ class ClusterState:
             crd["metadata"]["name"],
             ",".join(f"{r.api_version}/{r.plural}" for r in served),
         )
+        self._move_to_storage_version(served)
         if self._on_resources_changed is not None:
             self._on_resources_changed()
+
+    def _move_to_storage_version(self, served: list[ServedResource]) -> None:
+        """Objects of a CRD stored at a version that is no longer its storage version (a
+        CRD replaced by one that stores another, e.g. a restored state from before an
+        upgrade) are stored again at the new one, converted as a write through their old
+        version would convert them: an API server reads any version it stored, so no
+        object is lost from view. Their metadata (uid, resourceVersion) stays; no watch
+        event, since nothing about them changed."""
+        if not served:
+            return
+        storage_key = served[0].storage_key
+        group, version, plural = storage_key
+        storage = self.registry.lookup(*storage_key)
+        if storage is None:
+            return
+        convert = conversion.converter_for(served[0].crd_name or "")
+        for key, entry in list(self.objects.items()):
+            res = key[0]
+            stored_as = (res.group or "", res.version or "", res.plural or "")
+            if entry.deleted or stored_as == storage_key or stored_as[::2] != (group, plural):
+                continue
+            old = self.registry.lookup(*stored_as)
+            obj = {**entry.raw, "apiVersion": f"{group}/{stored_as[1]}"}
+            if old is not None:
+                moved = old.to_storage(obj)
+            elif convert is not None:
+                moved = convert(obj, version)
+            else:
+                moved = {**obj, "apiVersion": f"{group}/{version}"}
+            new_key = self._key(storage, key[1], key[2])
+            entry.delete()
+            if new_key in self.objects:
+                self.objects[new_key].history.append(moved)
+            else:
+                self.objects[new_key] = moved
+            uid = moved["metadata"].get("uid")
+            if uid:
+                self._uids[uid] = new_key
+            log.info("stored again name=%s/%s from=%s to=%s", key[1] or "", key[2],
+                     stored_as[1], version)  # fmt: skip
 
     def _update(
         self,

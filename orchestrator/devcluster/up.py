@@ -57,6 +57,8 @@ from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR, Sandb
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.operator.crd import (
     SANDBOX_CRD,
+    SANDBOX_GROUP,
+    SANDBOX_PLURAL,
     SNAPSHOT_CLASS_PLURAL,
     SNAPSHOT_CONTENT_PLURAL,
     SNAPSHOT_GROUP,
@@ -124,16 +126,27 @@ def apply_manifests(path: Path) -> None:
             raise DevClusterError(f"cannot apply {path}: {exc}") from exc
 
 
+SANDBOX_CRD_FILE: Final = f"crds/agent-sandbox/{SANDBOX_GROUP}_{SANDBOX_PLURAL}.yaml"
+"""agent-sandbox's Sandbox CRD (v0.5.6), copied byte for byte; its README says from where.
+It stores ``v1beta1`` and serves ``v1alpha1`` deprecated, converting between them with a
+webhook, which the embedded API stands in for (``conversion``)."""
+
+SANDBOX_STORAGE_VERSIONS: Final = ("v1beta1", "v1alpha1")
+"""``drainctl dev up --sandbox-storage``: ``v1beta1`` (the default) serves the CRD as
+agent-sandbox ships it; ``v1alpha1`` serves it as a release before ``v1beta1`` existed
+(``v1alpha1`` only, stored, no conversion)."""
+
 PACKAGED_CRDS: Final = (
     ("orchestrator.operator", "crds/calibantask.yaml"),
     ("orchestrator.operator", "crds/workspace.yaml"),
-    ("orchestrator.devcluster", "crds/sandbox.yaml"),
+    ("orchestrator.devcluster", SANDBOX_CRD_FILE),
 )
 """The CRDs the dev stack serves, as (package, resource): the CalibanTask and Workspace
-CRDs ship with the operator, the stand-in Sandbox CRD with this package. They are package
-data, so an installed wheel finds them wherever it runs; ``deploy/crds/`` holds copies
-for ``kubectl apply -f`` and kustomize (which refuses symlinks out of its root), and
-``tests/integration/test_packaging.py`` keeps them identical."""
+CRDs ship with the operator, agent-sandbox's Sandbox CRD with this package. They are
+package data, so an installed wheel finds them wherever it runs; ``deploy/crds/`` holds
+copies of the operator's two for ``kubectl apply -f`` and kustomize (which refuses
+symlinks out of its root), and ``tests/integration/test_packaging.py`` keeps them
+identical. The Sandbox CRD is not in ``deploy/``: a cluster installs agent-sandbox's."""
 
 SNAPSHOT_CRDS: Final = tuple(
     ("orchestrator.devcluster", f"crds/snapshots/{SNAPSHOT_GROUP}_{plural}.yaml")
@@ -205,21 +218,26 @@ def stack_environment(
 
 def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str, Any]]:
     """The packaged CRDs (the snapshot ones only with ``snapshots``) and kopf's peering
-    CRDs, with the Sandbox stored as ``sandbox_storage``.
+    CRDs, the Sandbox's served as ``sandbox_storage`` says (:data:`SANDBOX_STORAGE_VERSIONS`).
 
-    Without a conversion webhook each Sandbox keeps only the fields of the version it
-    is stored as (``replicas`` on v1alpha1, ``operatingMode`` on v1beta1), as on a real
-    cluster; the dev stack lets a user pick which one the cluster has.
+    ``v1alpha1``: a cluster whose agent-sandbox predates ``v1beta1``, which serves and
+    stores ``v1alpha1`` only (the CRD's ``v1beta1`` version and webhook dropped), so a task
+    there gets a ``v1alpha1`` Sandbox suspended through ``spec.replicas``.
     """
+    if sandbox_storage not in SANDBOX_STORAGE_VERSIONS:
+        raise ValueError(
+            f"--sandbox-storage {sandbox_storage!r}: not one of {list(SANDBOX_STORAGE_VERSIONS)}"
+        )
     crds = [*packaged_crds(snapshots=snapshots), *_read_crds(PEERING_CRDS)]
     for crd in crds:
-        if crd["metadata"]["name"] != SANDBOX_CRD:
-            continue
-        names = [v["name"] for v in crd["spec"]["versions"]]
-        if sandbox_storage not in names:
-            raise ValueError(f"--sandbox-storage {sandbox_storage!r}: not one of {names}")
-        for version in crd["spec"]["versions"]:
-            version["storage"] = version["name"] == sandbox_storage
+        if crd["metadata"]["name"] == SANDBOX_CRD and sandbox_storage == "v1alpha1":
+            spec = crd["spec"]
+            spec["versions"] = [
+                {**{k: v for k, v in version.items()
+                    if k not in ("deprecated", "deprecationWarning")}, "storage": True}
+                for version in spec["versions"] if version["name"] == "v1alpha1"
+            ]  # fmt: skip
+            spec["conversion"] = {"strategy": "None"}
     return crds
 
 
@@ -228,7 +246,7 @@ async def run_dev_up(
     kubeconfig: Path,
     state_dir: Path,
     port: int,
-    sandbox_storage: str = "v1alpha1",
+    sandbox_storage: str = "v1beta1",
     fresh: bool = False,
     snapshots: bool = True,
     operator: bool = True,

@@ -7,7 +7,8 @@ bookkeeping annotations, and the Sandbox API versions and plural. The operator's
 handlers, its Kubernetes calls, the pure lifecycle, the CLI, the stand-in Sandbox
 controller and the benchmarks import these instead of spelling them.
 
-Constants only: this module imports nothing, so any side (the CLI, the embedded API, a
+Constants, and the two rules that read them (``sandbox_name``, ``sandbox_suspended``);
+this module imports nothing but the standard library, so any side (the CLI, the embedded API, a
 benchmark) can import it without pulling in kopf or the Kubernetes client. Every value
 is part of the API that users, other controllers and stored objects rely on: changing
 one is a migration, not a refactor.
@@ -15,7 +16,8 @@ one is a migration, not a refactor.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 # ------------------------------------------------------------------ the CalibanTask
 
@@ -58,9 +60,10 @@ SOURCES_DIR: Final = "sources"
 
 SANDBOX_GROUP: Final = "agents.x-k8s.io"
 SANDBOX_V1ALPHA1: Final = f"{SANDBOX_GROUP}/v1alpha1"
-"""Suspended with ``spec.replicas: 0``; the default for a task."""
+"""Suspended with ``spec.replicas: 0``; a task's where the cluster serves no v1beta1."""
 SANDBOX_V1BETA1: Final = f"{SANDBOX_GROUP}/v1beta1"
-"""Suspended with ``spec.operatingMode: Suspended``."""
+"""Suspended with ``spec.operatingMode: Suspended``; a task's where the cluster serves it
+(``lifecycle.default_sandbox_api_version``)."""
 SANDBOX_API_VERSIONS: Final = (SANDBOX_V1ALPHA1, SANDBOX_V1BETA1)
 SANDBOX_PLURAL: Final = "sandboxes"
 SANDBOX_KIND: Final = "Sandbox"
@@ -75,6 +78,17 @@ def sandbox_name(task: str, existing: str | None = None) -> str:
     caliban-operator names its children. The one place the rule lives, so the operator,
     the audit and the tests cannot disagree on it."""
     return existing or f"{task}{SANDBOX_SUFFIX}"
+
+
+def sandbox_suspended(api_version: str, sandbox: Mapping[str, Any]) -> bool:
+    """Whether a Sandbox read at ``api_version`` asks for no pod: ``spec.operatingMode:
+    Suspended`` at v1beta1, ``spec.replicas: 0`` at v1alpha1 (unset is running in both).
+    The one place the rule lives, for the operator's audit, the stand-in controller, the
+    embedded API's conversion and the demo."""
+    spec = sandbox.get("spec") or {}
+    if api_version == SANDBOX_V1BETA1:
+        return bool(spec.get("operatingMode", "Running") == "Suspended")
+    return bool(spec.get("replicas", 1) == 0)
 
 
 TASK_UID_LABEL: Final = f"{GROUP}/task-uid"

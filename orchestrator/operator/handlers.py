@@ -67,6 +67,7 @@ from orchestrator.operator.lifecycle import (
     choose_snapshot_class,
     condition,
     decide_delete,
+    default_sandbox_api_version,
     heartbeat_silent,
     idle_report,
     launch_step,
@@ -78,6 +79,7 @@ from orchestrator.operator.lifecycle import (
     readiness,
     resume_outcome,
     retries_failure,
+    sandbox_api_version_choice,
     sandbox_readiness,
     sandbox_service_fqdn,
     sandbox_suspension_patch,
@@ -307,9 +309,11 @@ class Reconciler:
         self.set_status(observedGeneration=self.meta.get("generation"))
         phase = self.status.get("phase")
         if retries_failure(phase, self.status.get("failedGeneration"), self.meta.get("generation")):
-            self.set_status(failedGeneration=None)
+            # Nothing was created: the Sandbox version is chosen again with the rest.
+            self.set_status(failedGeneration=None, sandboxApiVersion=None)
             self.set_phase(Phase.PENDING, "the spec changed since the task failed: trying again")
             phase = Phase.PENDING
+        spec = await self.resolve_sandbox_version(spec)
         if spec.workspace_ref is not None:
             bound = await self.bind_workspace(spec, phase)
             if bound is None:
@@ -331,6 +335,27 @@ class Reconciler:
         elif phase == Phase.SUSPENDED:
             await self.while_suspended(spec)
         await self.guard_operation_in_progress()
+
+    async def resolve_sandbox_version(self, spec: TaskSpec) -> TaskSpec:
+        """``spec`` with the Sandbox API version it talks to its Sandbox in
+        (``sandbox_api_version_choice``): what the spec names, else what is pinned in
+        ``status.sandboxApiVersion``, else what the cluster serves, read once and pinned.
+        Nothing is pinned from a cluster with no Sandbox CRD (the task fails for that
+        before anything is created), so once it is installed a corrected task asks
+        again. Every handler resolves it before it touches the Sandbox (the timer's pass
+        and the drain finalizer): an unresolved spec has no version to read it at."""
+        version = sandbox_api_version_choice(
+            spec.sandbox_api_version, self.status.get("sandboxApiVersion"),
+            started=bool(self.status.get("sandboxName")),
+        )  # fmt: skip
+        if version is None:
+            api = await kube.sandbox_api()
+            version = default_sandbox_api_version(api)
+            if api is not None:
+                self.set_status(sandboxApiVersion=version)
+        else:
+            self.set_status(sandboxApiVersion=version)
+        return spec.with_sandbox_api_version(version)
 
     async def bind_workspace(self, spec: TaskSpec, phase: str | None) -> TaskSpec | None:
         """``spec`` run against its Workspace (``spec.workspaceRef``): the binding pinned in
@@ -376,7 +401,7 @@ class Reconciler:
     async def provision(self, spec: TaskSpec) -> None:
         pvc_name = self.pvc_name
         if self.settings.manage_sandbox:
-            problem = sandbox_version_problem(spec.sandbox_api_version, await kube.sandbox_api())
+            problem = sandbox_version_problem(spec.sandbox_version, await kube.sandbox_api())
             if problem is not None:
                 self.set_condition("SandboxCompatible", False, "SandboxVersionMismatch", problem)
                 kopf.warn(self.body, reason="SandboxVersionMismatch", message=problem)
@@ -408,7 +433,7 @@ class Reconciler:
         if self.settings.manage_sandbox and spec.sandbox_name is not None:
             # An existing Sandbox: operated on (woken here), never created; its workspace
             # is the PVC it mounts.
-            existing = await kube.get_sandbox(spec.sandbox_api_version, self.namespace, sandbox)
+            existing = await kube.get_sandbox(spec.sandbox_version, self.namespace, sandbox)
             if existing is None:
                 self.existing_sandbox_missing(sandbox)
                 self.set_phase(Phase.PENDING, f"waiting for Sandbox {sandbox} to exist")
@@ -420,8 +445,8 @@ class Reconciler:
                         appliedAgents=spec.agents)  # fmt: skip
         if self.settings.manage_sandbox and spec.sandbox_name is not None:
             await kube.patch_sandbox(
-                spec.sandbox_api_version, self.namespace, sandbox,
-                sandbox_suspension_patch(spec.sandbox_api_version, False),
+                spec.sandbox_version, self.namespace, sandbox,
+                sandbox_suspension_patch(spec.sandbox_version, False),
             )  # fmt: skip
         elif self.settings.manage_sandbox:
             await kube.ensure_pvc(
@@ -578,9 +603,7 @@ class Reconciler:
         pods = await kube.pods_mounting(self.namespace, pvc)
         if not pods:
             return None
-        ours = await kube.get_sandbox(
-            spec.sandbox_api_version, self.namespace, self.sandbox_of(spec)
-        )
+        ours = await kube.get_sandbox(spec.sandbox_version, self.namespace, self.sandbox_of(spec))
         owned = ours is not None and any(
             o.get("uid") == self.uid for o in ours["metadata"].get("ownerReferences") or []
         )
@@ -692,7 +715,7 @@ class Reconciler:
         if not self.settings.manage_sandbox:
             return None
         name = self.sandbox_of(spec)
-        if await kube.get_sandbox(spec.sandbox_api_version, self.namespace, name):
+        if await kube.get_sandbox(spec.sandbox_version, self.namespace, name):
             return None
         self.now = _now()  # a deletion's pass follows its drain for a while
         age = self.heartbeat_age(await self.latest_activity())
@@ -709,7 +732,7 @@ class Reconciler:
         back to: the task fails, saying so, rather than starting fresh agents."""
         if not self.settings.manage_sandbox:
             return
-        version = spec.sandbox_api_version
+        version = spec.sandbox_version
         sandbox = self.sandbox_of(spec)
         found = await kube.get_sandbox(version, self.namespace, sandbox)
         if found is not None:
@@ -746,9 +769,7 @@ class Reconciler:
         """Read the task's Sandbox once (as the task starts running) and reflect it."""
         if not self.settings.manage_sandbox:
             return
-        found = await kube.get_sandbox(
-            spec.sandbox_api_version, self.namespace, self.sandbox_of(spec)
-        )
+        found = await kube.get_sandbox(spec.sandbox_version, self.namespace, self.sandbox_of(spec))
         if found is not None:
             self.reflect_sandbox(found)
 
@@ -794,7 +815,7 @@ class Reconciler:
             log.warning("network_policy_skipped reason=%r", str(exc))
         else:
             await kube.ensure_network_policy(policy)
-        await kube.create_sandbox(spec.sandbox_api_version, self.namespace,
+        await kube.create_sandbox(spec.sandbox_version, self.namespace,
                                   self.sandbox_body(spec, pvc_name))  # fmt: skip
 
     def sandbox_body(self, spec: TaskSpec, pvc_name: str) -> dict[str, Any]:
@@ -851,10 +872,10 @@ class Reconciler:
             pod_spec["containers"][0]["env"] += parts["env"]
             pod_spec["containers"][0]["volumeMounts"] += parts["volumeMounts"]
             pod_spec["initContainers"] = parts["initContainers"]
-        suspended = sandbox_suspension_patch(spec.sandbox_api_version, False)["spec"]
+        suspended = sandbox_suspension_patch(spec.sandbox_version, False)["spec"]
         pod_labels = {crd.TASK_LABEL: self.name, crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT}
         return {
-            "apiVersion": spec.sandbox_api_version,
+            "apiVersion": spec.sandbox_version,
             "kind": crd.SANDBOX_KIND,
             "metadata": {
                 "name": crd.sandbox_name(self.name),
@@ -1221,8 +1242,8 @@ class Reconciler:
                 return
             if self.settings.manage_sandbox:
                 await kube.patch_sandbox(
-                    spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
-                    sandbox_suspension_patch(spec.sandbox_api_version, True),
+                    spec.sandbox_version, self.namespace, self.sandbox_of(spec),
+                    sandbox_suspension_patch(spec.sandbox_version, True),
                 )  # fmt: skip
             self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
             self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {op.checkpoint_ref}")
@@ -1269,8 +1290,8 @@ class Reconciler:
         ref = self.status.get("checkpointRef")
         if self.settings.manage_sandbox:
             await kube.patch_sandbox(
-                spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
-                sandbox_suspension_patch(spec.sandbox_api_version, False),
+                spec.sandbox_version, self.namespace, self.sandbox_of(spec),
+                sandbox_suspension_patch(spec.sandbox_version, False),
             )  # fmt: skip
         if ref:
             op = await _ledger_call(
@@ -1310,6 +1331,8 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
         spec: TaskSpec | None = r.parse(body.spec)
     except SpecError:
         spec = None
+    if spec is not None:  # its Sandbox is looked at while the drain runs
+        spec = await r.resolve_sandbox_version(spec)
     key = operation_key(r.uid, Purpose.DELETE)
     op = await _ledger_call(r.ledger.find_operation, key)
     if op is None:

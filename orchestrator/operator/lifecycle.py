@@ -106,7 +106,10 @@ class TaskSpec:
     drain_timeout_secs: float
     suspend: bool
     resume_from: str | None
-    sandbox_api_version: str
+    sandbox_api_version: str | None
+    """``spec.sandbox.apiVersion``; None where unset, until the operator resolves it
+    (:func:`sandbox_api_version_choice`, :meth:`with_sandbox_api_version`): read
+    :attr:`sandbox_version` once resolved."""
     storage: str
     sandbox_name: str | None = None
     """``spec.sandbox.name``: an existing Sandbox to operate on (never created)."""
@@ -125,6 +128,18 @@ class TaskSpec:
     """``spec.providerRef``: which of the Workspace's providers (else its default)."""
     binding: Binding | None = field(default=None, hash=False)
     """The resolved Workspace (``with_binding``); its provider and model are the task's."""
+
+    @property
+    def sandbox_version(self) -> str:
+        """The Sandbox API version the task talks to its Sandbox in; only a resolved spec
+        has one (an unresolved one never silently means either version)."""
+        if self.sandbox_api_version is None:
+            raise ValueError("spec.sandbox.apiVersion is not resolved yet")
+        return self.sandbox_api_version
+
+    def with_sandbox_api_version(self, api_version: str) -> TaskSpec:
+        """This spec with its Sandbox API version resolved to ``api_version``."""
+        return replace(self, sandbox_api_version=api_version)
 
     def with_binding(self, binding: Binding) -> TaskSpec:
         """This spec run against ``binding``: the daemon's OpenAI-compatible provider with
@@ -200,8 +215,8 @@ def parse_spec(spec: dict[str, Any]) -> TaskSpec:
     ref = resume_from.get("checkpointRef")
     if ref is not None and (not isinstance(ref, str) or not _LABEL_VALUE.match(ref)):
         raise SpecError("resumeFrom.checkpointRef", f"{ref!r} is not a checkpoint ref")
-    api_version = _value_or(sandbox, "apiVersion", SANDBOX_V1ALPHA1)
-    if api_version not in SANDBOX_API_VERSIONS:
+    api_version = sandbox.get("apiVersion")
+    if api_version is not None and api_version not in SANDBOX_API_VERSIONS:
         raise SpecError("sandbox.apiVersion", f"{api_version!r} is not a Sandbox API version")
     existing = sandbox.get("name")
     if existing is not None and (
@@ -585,6 +600,39 @@ class SandboxApi:
     served: tuple[str, ...]
     storage: str | None
     converts: bool
+
+
+def default_sandbox_api_version(api: SandboxApi | None) -> str:
+    """The Sandbox API version of a task whose spec names none, from what the cluster
+    serves: v1beta1 where it can drive the cluster's Sandboxes, else v1alpha1 where that
+    can; where neither can, v1beta1 if served, else v1alpha1 (and
+    :func:`sandbox_version_problem` then says why before anything is created)."""
+    if api is None:
+        return SANDBOX_V1ALPHA1
+    for candidate in (SANDBOX_V1BETA1, SANDBOX_V1ALPHA1):
+        if sandbox_version_problem(candidate, api) is None:
+            return candidate
+    return SANDBOX_V1BETA1 if "v1beta1" in api.served else SANDBOX_V1ALPHA1
+
+
+def sandbox_api_version_choice(
+    requested: str | None, pinned: object, *, started: bool
+) -> str | None:
+    """The Sandbox API version a task talks to its Sandbox in, or None: ask the cluster
+    (:func:`default_sandbox_api_version`) and pin the answer in ``status.sandboxApiVersion``.
+
+    ``requested`` (``spec.sandbox.apiVersion``) always wins; else the version pinned when
+    the task was first seen, so a task keeps talking to its Sandbox in the version it was
+    created with whatever the cluster serves later; else, for a task ``started`` (its
+    Sandbox named in its status) with nothing pinned, made before versions were pinned
+    when an unset version meant v1alpha1, v1alpha1."""
+    if requested is not None:
+        return requested
+    if isinstance(pinned, str) and pinned in SANDBOX_API_VERSIONS:
+        return pinned
+    if started:
+        return SANDBOX_V1ALPHA1
+    return None
 
 
 def sandbox_version_problem(api_version: str, api: SandboxApi | None) -> str | None:

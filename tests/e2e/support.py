@@ -95,6 +95,25 @@ class DevStack(DevStackProcess):
             f"{namespace}/{name} to reach phase {phase} (now {self.status(namespace, name)})",
         )
 
+    def sandbox_field(
+        self, name: str, jsonpath: str, *, version: str, namespace: str = "default"
+    ) -> str:
+        """``kubectl get sandboxes.<version>.agents.x-k8s.io <name> -o jsonpath=…``: the
+        Sandbox read at ``version`` (``v1alpha1`` or ``v1beta1``), as a user reads it."""
+        return self.kubectl(
+            "get", f"sandboxes.{version}.agents.x-k8s.io", name, "-n", namespace,
+            "-o", f"jsonpath={jsonpath}",
+        ).stdout  # fmt: skip
+
+    def task_sandbox_version(self, name: str, namespace: str = "default") -> str:
+        """The Sandbox version task ``name`` talks to its Sandbox in (``v1beta1`` or
+        ``v1alpha1``), as pinned in its ``status.sandboxApiVersion``."""
+        pinned = wait_until(
+            lambda: self.status(namespace, name).get("sandboxApiVersion"), 60,
+            f"{namespace}/{name}'s status.sandboxApiVersion",
+        )  # fmt: skip
+        return str(pinned).rpartition("/")[2]
+
     def volume(self, namespace: str, pvc: str) -> Path:
         return self.state / "sandboxes" / "volumes" / namespace / pvc
 
@@ -265,11 +284,14 @@ class DevStack(DevStackProcess):
 
 
 @contextlib.contextmanager
-def embedded_stack(prefix: str, env: dict[str, str] | None = None) -> Iterator[DevStack]:
+def embedded_stack(
+    prefix: str, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[DevStack]:
     """A started :class:`DevStack` on the embedded broker with a SQLite ledger, in a fresh
-    directory of /tmp named ``prefix…``; closed afterwards."""
+    directory of /tmp named ``prefix…``, ``extra`` added to ``drainctl dev up``; closed
+    afterwards."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    dev = DevStack(root, None, f"sqlite:///{root / 'ledger.db'}", env=env)
+    dev = DevStack(root, None, f"sqlite:///{root / 'ledger.db'}", *extra, env=env)
     try:
         yield dev
     finally:

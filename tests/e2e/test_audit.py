@@ -42,7 +42,7 @@ from worker_agent.children import descendants
 
 pytestmark = pytest.mark.slow
 
-SANDBOXES = "sandboxes.v1alpha1.agents.x-k8s.io"
+SANDBOXES = "sandboxes.v1beta1.agents.x-k8s.io"  # what a task with no apiVersion gets
 """The version the stack stores Sandboxes as (kubectl would otherwise pick v1beta1)."""
 AUDIT_PERIOD = Settings().audit_interval_secs
 """The stack's auditor runs with the default period."""
@@ -189,14 +189,14 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
         "--type",
         "merge",
         "-p",
-        '{"spec": {"replicas": 1}}',
+        '{"spec": {"operatingMode": "Running"}}',
     )
     # A second daemon on twin's workspace.
     sandbox = json.loads(stack.kubectl("get", SANDBOXES, sandbox_name("twin"), "-o", "json").stdout)
     rogue = {
         "apiVersion": sandbox["apiVersion"], "kind": "Sandbox",
         "metadata": {"name": "twin-rogue", "namespace": "default"},
-        "spec": {"replicas": 1, "podTemplate": sandbox["spec"]["podTemplate"]},
+        "spec": {"operatingMode": "Running", "podTemplate": sandbox["spec"]["podTemplate"]},
     }  # fmt: skip
     args = rogue["spec"]["podTemplate"]["spec"]["containers"][0]["args"]
     args[args.index("--queue") + 1] = "caliband.default.twin-rogue"

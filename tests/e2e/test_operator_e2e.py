@@ -94,9 +94,10 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
     status = stack.status("default", "napper")
     assert status["pausedBy"] == "idle"
     ref = status["checkpointRef"]
-    sandbox = stack.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", sandbox_name("napper"),
-                            "-o", "jsonpath={.spec.replicas}").stdout  # fmt: skip
-    assert sandbox == "0"
+    # The embedded cluster serves v1beta1, so the task's Sandbox is one.
+    assert stack.task_sandbox_version("napper") == "v1beta1"
+    mode = stack.sandbox_field(sandbox_name("napper"), "{.spec.operatingMode}", version="v1beta1")
+    assert mode == "Suspended"
     checkpoint = stack.ledger.get_checkpoint(ref)
     assert checkpoint is not None
     assert all(a.turns == 2 for a in checkpoint.agents)

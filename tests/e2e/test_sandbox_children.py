@@ -19,7 +19,7 @@ from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 
-SANDBOXES = "sandboxes.v1alpha1.agents.x-k8s.io"
+SANDBOXES = "sandboxes.v1beta1.agents.x-k8s.io"  # what a task with no apiVersion gets
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,10 @@ def condition(stack: DevStack, name: str, type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == type_), None)
 
 
-def replicas(stack: DevStack, name: str) -> str:
-    return stack.kubectl("get", SANDBOXES, name, "-o", "jsonpath={.spec.replicas}").stdout
+def operating_mode(stack: DevStack, name: str) -> str:
+    """How the Sandbox ``name`` is asked to run, at v1beta1: the version a task with no
+    ``spec.sandbox.apiVersion`` talks to it in on the embedded cluster."""
+    return stack.sandbox_field(name, "{.spec.operatingMode}", version="v1beta1")
 
 
 def patch_suspend(stack: DevStack, name: str, suspend: bool) -> None:
@@ -121,7 +123,7 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     template["metadata"]["labels"][TASK_LABEL] = "byhand"
     own = {"apiVersion": donor["apiVersion"], "kind": "Sandbox",
            "metadata": {"name": "byhand-own", "namespace": "default"},
-           "spec": {"replicas": 1, "podTemplate": template}}  # fmt: skip
+           "spec": {"operatingMode": "Running", "podTemplate": template}}  # fmt: skip
     assert stack.apply(own).returncode == 0
     stack.wait_phase("default", "byhand", "Running", timeout=120)
     status = stack.status("default", "byhand")
@@ -132,11 +134,12 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     # Suspended and resumed on that Sandbox; never a second one.
     patch_suspend(stack, "byhand", True)
     stack.wait_phase("default", "byhand", "Suspended", timeout=120)
-    assert replicas(stack, "byhand-own") == "0"
+    assert stack.task_sandbox_version("byhand") == "v1beta1"
+    assert operating_mode(stack, "byhand-own") == "Suspended"
     assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
     patch_suspend(stack, "byhand", False)
     stack.wait_phase("default", "byhand", "Running", timeout=120)
-    assert replicas(stack, "byhand-own") == "1"
+    assert operating_mode(stack, "byhand-own") == "Running"
     assert sandbox_names(stack) == ["byhand-own", "donor-sbx"]
 
     # Deleted: drained, and the Sandbox it did not make is left where it was.

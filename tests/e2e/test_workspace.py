@@ -49,7 +49,7 @@ pytestmark = [
 
 API_KEY = "sk-local-7f3a9c1e-never-logged"
 REPLY = "the gateway model answers"
-SANDBOXES = "sandboxes.v1alpha1.agents.x-k8s.io"
+SANDBOXES = "sandboxes.v1beta1.agents.x-k8s.io"  # what a task with no apiVersion gets
 
 
 class ModelServer(ThreadingHTTPServer):

@@ -869,6 +869,62 @@ def test_an_upgraded_crd_replaces_the_restored_one(tmp_path: Path, state_file: P
     assert "t1" in names
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "spec_after"),
+    [
+        pytest.param("v1alpha1", "v1beta1", ("v1beta1", "operatingMode", "Suspended"),
+                     id="stand-in-state-then-agent-sandbox"),
+        pytest.param("v1beta1", "v1alpha1", ("v1alpha1", "replicas", 0),
+                     id="agent-sandbox-state-then-v1alpha1-only"),
+    ],
+)  # fmt: skip
+def test_a_sandbox_stored_at_a_version_the_new_crd_no_longer_stores_is_kept(
+    tmp_path: Path, state_file: Path, before: str, after: str, spec_after: tuple[str, str, Any]
+) -> None:
+    """A state dir from before the dev stack served agent-sandbox's CRD (its stand-in
+    stored v1alpha1), or a stack restarted with another ``--sandbox-storage``: every
+    Sandbox is still there, converted, as an API server reads any version it stored."""
+    from orchestrator.devcluster.up import stack_crds
+
+    def sandbox_crd(storage: str) -> dict[str, Any]:
+        [found] = [c for c in stack_crds(storage, snapshots=False)
+                   if c["metadata"]["name"] == "sandboxes.agents.x-k8s.io"]  # fmt: skip
+        return found
+
+    suspended = {"replicas": 0} if before == "v1alpha1" else {"operatingMode": "Suspended"}
+    spec = {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "i"}]}}, **suspended}
+    sandbox = {"apiVersion": f"agents.x-k8s.io/{before}", "kind": "Sandbox",
+               "metadata": {"name": "kept", "namespace": "default"}, "spec": spec}  # fmt: skip
+
+    async def first() -> dict[str, Any]:
+        async with EmbeddedApiServer(crds=[sandbox_crd(before)], state_file=state_file) as server:
+            state = server.emulator.state
+            served = state.registry.lookup("agents.x-k8s.io", before, "sandboxes")
+            assert served is not None
+            created, _ = state.create(served, "default", sandbox)
+            return created
+
+    async def second() -> list[dict[str, Any]]:
+        async with EmbeddedApiServer(crds=[sandbox_crd(after)], state_file=state_file) as server:
+            state = server.emulator.state
+            read = []
+            for version in ("v1alpha1", "v1beta1"):
+                served = state.registry.lookup("agents.x-k8s.io", version, "sandboxes")
+                if served is not None:
+                    read.append(state.get(served, "default", "kept"))
+            return read
+
+    created = asyncio.run(first())
+    read = asyncio.run(second())
+    version, field, value = spec_after
+    [at_new] = [r for r in read if r["apiVersion"] == f"agents.x-k8s.io/{version}"]
+    assert at_new["spec"][field] == value
+    assert at_new["metadata"]["uid"] == created["metadata"]["uid"]
+    if after == "v1beta1":  # both served: v1alpha1 reads it converted
+        [at_alpha] = [r for r in read if r["apiVersion"] == "agents.x-k8s.io/v1alpha1"]
+        assert at_alpha["spec"]["replicas"] == 0
+
+
 def test_a_corrupt_state_file_stops_dev_up_with_one_line_saying_how_to_start_fresh(
     tmp_path: Path,
 ) -> None:

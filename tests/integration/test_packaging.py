@@ -44,7 +44,6 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGED_CRDS = {
     "calibantask.yaml": "orchestrator/operator/crds/calibantask.yaml",
     "workspace.yaml": "orchestrator/operator/crds/workspace.yaml",
-    "sandbox.yaml": "orchestrator/devcluster/crds/sandbox.yaml",
 }
 """``deploy/crds/<file>`` → the packaged CRD it copies."""
 SNAPSHOT_PACKAGE_DATA = tuple(
@@ -60,6 +59,13 @@ SNAPSHOT_PACKAGE_DATA = tuple(
 """The external-snapshotter's CRDs the dev stack serves, with where they come from and
 their licence: package data, but never in ``deploy/crds/`` (a cluster's CSI distribution
 installs them)."""
+
+SANDBOX_PACKAGE_DATA = tuple(
+    f"orchestrator/devcluster/crds/agent-sandbox/{name}"
+    for name in ("agents.x-k8s.io_sandboxes.yaml", "README.md", "LICENSE")
+)
+"""agent-sandbox's Sandbox CRD the dev stack serves, with where it comes from and its
+licence: package data, but not in ``deploy/crds/`` (a cluster installs agent-sandbox's)."""
 
 BLOCKED = ("kopf", "flower", "kmock", "sqlalchemy")
 
@@ -132,7 +138,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_carries_the_crds_and_the_migrations(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for packaged in (*PACKAGED_CRDS.values(), *SNAPSHOT_PACKAGE_DATA):
+        for packaged in (*PACKAGED_CRDS.values(), *SNAPSHOT_PACKAGE_DATA, *SANDBOX_PACKAGE_DATA):
             assert packaged in names
             assert archive.read(packaged) == (REPO / packaged).read_bytes()
     assert {"migrations/env.py", "migrations/script.py.mako"} <= names

@@ -1,4 +1,4 @@
-"""The CalibanTask CRD, the Sandbox stand-in CRD and the sample manifests, checked offline.
+"""The CalibanTask CRD, agent-sandbox's Sandbox CRD and the sample manifests, checked offline.
 
 There is no API server here, so the CRD's ``openAPIV3Schema`` is translated into draft-4
 JSON Schema (what OpenAPI v3.0 schemas are built on) and checked with ``jsonschema``:
@@ -36,7 +36,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 # The packaged CRDs (the sources; deploy/crds/ holds identical copies, see test_packaging).
 CRD_PATH = REPO / "orchestrator" / "operator" / "crds" / "calibantask.yaml"
-SANDBOX_CRD_PATH = REPO / "orchestrator" / "devcluster" / "crds" / "sandbox.yaml"
+SANDBOX_CRD_PATH = (
+    REPO / "orchestrator" / "devcluster" / "crds" / "agent-sandbox"
+    / "agents.x-k8s.io_sandboxes.yaml"
+)  # fmt: skip
+"""agent-sandbox's own Sandbox CRD (v0.5.6), as the dev stack serves it."""
+UPSTREAM_SANDBOX_CRD_PATH = (
+    REPO / "tests" / "fixtures" / "upstream" / "agent-sandbox" / "k8s" / "crds"
+    / "agents.x-k8s.io_sandboxes.yaml"
+)  # fmt: skip
 SAMPLES_DIR = REPO / "deploy" / "samples"
 SAMPLES = sorted(SAMPLES_DIR.glob("*.yaml"))
 
@@ -294,7 +302,11 @@ def test_crd_schemas_are_structural(path: Path) -> None:
             if opaque:
                 assert node.get("type") == "object", f"{where}: opaque nodes are objects here"
             if node.get("x-kubernetes-list-type") == "map":
-                required = set(node["items"].get("required", []))
+                # A map key must be required or defaulted (a container port's protocol).
+                items = node["items"]
+                required = set(items.get("required", [])) | {
+                    key for key, sub in items.get("properties", {}).items() if "default" in sub
+                }
                 assert set(node["x-kubernetes-list-map-keys"]) <= required, where
             assert not ("properties" in node and "additionalProperties" in node), where
 
@@ -320,8 +332,10 @@ def test_every_default_is_valid_for_its_own_field(schema: Schema) -> None:
         "spec.lifecycle.drainGracePeriod",
         "spec.lifecycle.drainTimeout",
         "spec.lifecycle.suspend",
-        "spec.sandbox.apiVersion",
+        "spec.sandbox",
     }
+    # Unset means "what the cluster serves", which only the operator can tell.
+    assert "spec.sandbox.apiVersion" not in {where for where, _ in defaulted}
     for where, node in defaulted:
         value = apply_defaults(node, copy.deepcopy(node["default"]))
         assert not errors(node, value), where
@@ -581,7 +595,8 @@ def test_an_empty_spec_gets_every_default(schema: Schema) -> None:
             "drainTimeout": "2m",
             "suspend": False,
         },
-        "sandbox": {"apiVersion": "agents.x-k8s.io/v1alpha1"},
+        # No Sandbox apiVersion: unset, the operator picks what the cluster serves.
+        "sandbox": {},
         "workspace": {"storage": "1Gi"},
     }
     assert_valid(schema, obj)
@@ -617,10 +632,21 @@ def test_status_phase_defaults_to_pending(schema: Schema) -> None:
     assert apply_defaults(schema, dict(task({}), status={}))["status"]["phase"] == "Pending"
 
 
-# --- the Sandbox stand-in ------------------------------------------------------------
+# --- agent-sandbox's Sandbox CRD ------------------------------------------------------
 
 
-def test_sandbox_stand_in_has_both_versions_and_one_storage_version(
+def test_the_packaged_sandbox_crd_is_agent_sandboxs_own_byte_for_byte() -> None:
+    assert SANDBOX_CRD_PATH.read_bytes() == UPSTREAM_SANDBOX_CRD_PATH.read_bytes()
+    here = SANDBOX_CRD_PATH.parent
+    assert (here / "LICENSE").read_bytes() == (
+        UPSTREAM_SANDBOX_CRD_PATH.parents[2] / "LICENSE"
+    ).read_bytes()
+    readme = (here / "README.md").read_text()
+    assert "v0.5.6" in readme and "211b7579cabed9460c1a692eb687084ff4c5879d" in readme
+    assert "Apache License 2.0" in readme
+
+
+def test_sandbox_crd_stores_v1beta1_and_serves_v1alpha1_deprecated_through_a_webhook(
     sandbox_crd: dict[str, Any],
 ) -> None:
     spec = sandbox_crd["spec"]
@@ -630,11 +656,11 @@ def test_sandbox_stand_in_has_both_versions_and_one_storage_version(
     versions = {v["name"]: v for v in spec["versions"]}
     assert set(versions) == {"v1alpha1", "v1beta1"}
     assert all(v["served"] for v in versions.values())
-    assert [name for name, v in versions.items() if v["storage"]] == ["v1alpha1"]
+    assert [name for name, v in versions.items() if v["storage"]] == ["v1beta1"]
+    assert versions["v1alpha1"]["deprecated"] is True
+    assert "deprecated" not in versions["v1beta1"]
     assert all(v["subresources"]["status"] == {} for v in versions.values())
-    header = SANDBOX_CRD_PATH.read_text().split("apiVersion:")[0]
-    assert "exists for development and tests only" in header
-    assert "comes from agent-sandbox" in header
+    assert spec["conversion"]["strategy"] == "Webhook"
 
 
 def test_sandbox_versions_suspend_differently(sandbox_crd: dict[str, Any]) -> None:
@@ -645,9 +671,12 @@ def test_sandbox_versions_suspend_differently(sandbox_crd: dict[str, Any]) -> No
     assert beta["operatingMode"]["enum"] == ["Running", "Suspended"]
     assert "replicas" not in beta
     for spec in (alpha, beta):
-        assert spec["podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
-        items = spec["volumeClaimTemplates"]["items"]
-        assert items["x-kubernetes-preserve-unknown-fields"] is True
+        # Typed, not opaque: the API server prunes what a PodSpec does not declare.
+        assert "containers" in spec["podTemplate"]["properties"]["spec"]["properties"]
+        assert set(spec["podTemplate"]["properties"]["metadata"]["properties"]) == {
+            "annotations",
+            "labels",
+        }
 
 
 def sandbox(version: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.ledger import Ledger
 from orchestrator.operator import crd
 from orchestrator.operator.handlers import Reconciler
-from orchestrator.operator.lifecycle import parse_spec
+from orchestrator.operator.lifecycle import TaskSpec, parse_spec
 from orchestrator.settings import Settings
 from worker_agent.settings import DaemonSettings
 
@@ -22,6 +22,14 @@ TASK: dict[str, Any] = {
     "metadata": {"name": "demo", "namespace": "team-a", "uid": "6f1c2f5e-0d7a-4f7e-9d61"},
     "spec": {"task": {"agents": 2, "provider": "scripted"}},
 }
+
+
+def resolved(spec: dict[str, Any]) -> TaskSpec:
+    """``spec`` parsed, its Sandbox version resolved as the operator resolves an unset one
+    on a cluster serving v1beta1."""
+    return parse_spec(spec).with_sandbox_api_version(crd.SANDBOX_V1BETA1)
+
+
 BROKER = "redis://:hunter2-secret@broker.team-a:6379/0"
 
 
@@ -32,7 +40,7 @@ def daemon_container(monkeypatch: pytest.MonkeyPatch, log_format: str) -> dict[s
     reconciler = Reconciler(
         kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
     )
-    body = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
+    body = reconciler.sandbox_body(resolved(dict(TASK["spec"])), "ws-demo")
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     return cast(dict[str, Any], container)
 
@@ -66,12 +74,12 @@ def test_the_sandbox_the_operator_makes_is_named_task_sbx_and_owned_by_the_task(
     reconciler = Reconciler(
         kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
     )
-    spec = parse_spec(dict(TASK["spec"]))
+    spec = resolved(dict(TASK["spec"]))
     body = reconciler.sandbox_body(spec, "ws-demo")
     assert body["metadata"]["name"] == "demo-sbx" == reconciler.sandbox_of(spec)
     assert body["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "demo-sa"
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == [TASK["metadata"]["uid"]]
-    named = parse_spec({**TASK["spec"], "sandbox": {"name": "shared"}})
+    named = resolved({**TASK["spec"], "sandbox": {"name": "shared"}})
     assert reconciler.sandbox_of(named) == "shared"
 
 
@@ -80,11 +88,11 @@ def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> No
     reconciler = Reconciler(
         kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
     )
-    default = reconciler.sandbox_body(parse_spec(dict(TASK["spec"])), "ws-demo")
+    default = reconciler.sandbox_body(resolved(dict(TASK["spec"])), "ws-demo")
     [plain] = default["spec"]["podTemplate"]["spec"]["containers"]
     assert plain["image"] == settings.daemon_image
     task = {"agents": 2, "image": "reg.example/caliband:1", "env": [{"name": "A", "value": "1"}]}
-    body = reconciler.sandbox_body(parse_spec({"task": task}), "ws-demo")
+    body = reconciler.sandbox_body(resolved({"task": task}), "ws-demo")
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     assert container["image"] == "reg.example/caliband:1"
     assert container["env"] == [*plain["env"], {"name": "A", "value": "1"}]
@@ -103,7 +111,7 @@ def test_the_sandbox_pod_template_of_the_spec_is_merged_under_ours() -> None:
             "containers": [{"name": "caliband", "resources": {"limits": {"memory": "2Gi"}}}],
         },
     }
-    spec = parse_spec({**TASK["spec"], "sandbox": {"podTemplate": template}})
+    spec = resolved({**TASK["spec"], "sandbox": {"podTemplate": template}})
     pod = reconciler.sandbox_body(spec, "ws-demo")["spec"]["podTemplate"]
     assert pod["metadata"]["labels"]["team"] == "a"
     assert pod["metadata"]["labels"][crd.TASK_LABEL] == "demo"

@@ -46,6 +46,7 @@ from orchestrator.operator.lifecycle import (
     choose_snapshot_class,
     condition,
     decide_delete,
+    default_sandbox_api_version,
     idle_report,
     idle_secs,
     launch_step,
@@ -57,6 +58,7 @@ from orchestrator.operator.lifecycle import (
     readiness,
     resume_outcome,
     retries_failure,
+    sandbox_api_version_choice,
     sandbox_readiness,
     sandbox_service_fqdn,
     sandbox_suspension_patch,
@@ -100,8 +102,18 @@ def test_empty_spec_takes_the_crd_defaults() -> None:
     assert parsed == TaskSpec(
         agents=1, provider="scripted", model="", prompt=None, idle_timeout_secs=None,
         on_delete="checkpoint", drain_grace_secs=30, drain_timeout_secs=120, suspend=False,
-        resume_from=None, sandbox_api_version=SANDBOX_V1ALPHA1, storage="1Gi",
+        resume_from=None, sandbox_api_version=None, storage="1Gi",
     )  # fmt: skip
+
+
+def test_an_unset_sandbox_version_is_never_silently_one_until_resolved() -> None:
+    parsed = parse_spec({"sandbox": {"apiVersion": None}})
+    assert parsed.sandbox_api_version is None
+    with pytest.raises(ValueError, match="not resolved"):
+        _ = parsed.sandbox_version
+    assert parsed.with_sandbox_api_version(SANDBOX_V1BETA1).sandbox_version == SANDBOX_V1BETA1
+    named = parse_spec({"sandbox": {"apiVersion": SANDBOX_V1ALPHA1}})
+    assert named.sandbox_version == SANDBOX_V1ALPHA1
 
 
 @pytest.mark.parametrize(
@@ -755,6 +767,54 @@ def test_the_first_recovery_of_a_task_never_waits() -> None:
 # ------------------------------------------------------------ the cluster's Sandbox API
 
 BOTH = ("v1alpha1", "v1beta1")
+
+
+@pytest.mark.parametrize(
+    ("api", "chosen"),
+    [
+        pytest.param(SandboxApi(BOTH, "v1beta1", True), SANDBOX_V1BETA1,
+                     id="agent-sandbox-0.5-both-served-webhook"),
+        pytest.param(SandboxApi(("v1beta1",), "v1beta1", False), SANDBOX_V1BETA1,
+                     id="v1beta1-only"),
+        pytest.param(SandboxApi(("v1alpha1",), "v1alpha1", False), SANDBOX_V1ALPHA1,
+                     id="v1alpha1-only-older-release"),
+        pytest.param(SandboxApi(BOTH, "v1beta1", False), SANDBOX_V1BETA1,
+                     id="both-stored-beta-no-webhook"),
+        pytest.param(SandboxApi(BOTH, "v1alpha1", False), SANDBOX_V1ALPHA1,
+                     id="both-stored-alpha-no-webhook-beta-would-not-reach-it"),
+        pytest.param(SandboxApi(BOTH, "v1alpha1", True), SANDBOX_V1BETA1,
+                     id="both-stored-alpha-webhook"),
+        pytest.param(SandboxApi(BOTH, None, False), SANDBOX_V1BETA1, id="no-storage-reported"),
+        pytest.param(SandboxApi((), "v1beta1", False), SANDBOX_V1ALPHA1, id="none-served"),
+        pytest.param(None, SANDBOX_V1ALPHA1, id="no-sandbox-crd"),
+    ],
+)  # fmt: skip
+def test_an_unset_sandbox_version_is_v1beta1_where_the_cluster_serves_it(
+    api: SandboxApi | None, chosen: str
+) -> None:
+    assert default_sandbox_api_version(api) == chosen
+
+
+@pytest.mark.parametrize(
+    ("requested", "pinned", "started", "chosen"),
+    [
+        pytest.param(SANDBOX_V1ALPHA1, None, False, SANDBOX_V1ALPHA1, id="named-new"),
+        pytest.param(SANDBOX_V1ALPHA1, SANDBOX_V1BETA1, True, SANDBOX_V1ALPHA1,
+                     id="named-wins-over-pinned"),
+        pytest.param(SANDBOX_V1BETA1, None, True, SANDBOX_V1BETA1, id="named-old-task"),
+        pytest.param(None, SANDBOX_V1BETA1, True, SANDBOX_V1BETA1, id="pinned"),
+        pytest.param(None, SANDBOX_V1ALPHA1, False, SANDBOX_V1ALPHA1, id="pinned-not-started"),
+        pytest.param(None, None, False, None, id="new-task-asks-the-cluster"),
+        pytest.param(None, None, True, SANDBOX_V1ALPHA1,
+                     id="started-before-pinning-was-v1alpha1"),
+        pytest.param(None, "agents.x-k8s.io/v2", False, None, id="pinned-junk-asks-again"),
+        pytest.param(None, 3, True, SANDBOX_V1ALPHA1, id="pinned-junk-started"),
+    ],
+)  # fmt: skip
+def test_a_task_keeps_the_sandbox_version_it_was_created_with(
+    requested: str | None, pinned: object, started: bool, chosen: str | None
+) -> None:
+    assert sandbox_api_version_choice(requested, pinned, started=started) == chosen
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.devcluster.sandbox_controller import POD_FINALIZER, POD_LABEL, pod_manifest
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, TASK_LABEL
 
@@ -41,7 +43,8 @@ def test_a_long_sandbox_name_still_gives_a_valid_pod_name() -> None:
 def test_the_stand_in_reports_a_sandboxs_readiness_and_service_as_the_controller_does() -> None:
     from orchestrator.devcluster.sandbox_controller import sandbox_status
 
-    up = sandbox_status("t-sbx", "ns", ("True", "DependenciesReady", "running"), running=True)
+    up = sandbox_status("t-sbx", "ns", ("True", "DependenciesReady", "running"), running=True,
+                        version="v1alpha1")  # fmt: skip
     assert up["serviceFQDN"] == "t-sbx.ns.svc.cluster.local"
     assert up["replicas"] == 1
     [ready] = up["conditions"]
@@ -50,5 +53,38 @@ def test_the_stand_in_reports_a_sandboxs_readiness_and_service_as_the_controller
         "True",
         "DependenciesReady",
     )
-    down = sandbox_status("t-sbx", "ns", ("False", "SandboxSuspended", "none"), running=False)
+    down = sandbox_status("t-sbx", "ns", ("False", "SandboxSuspended", "none"), running=False,
+                          version="v1alpha1")  # fmt: skip
     assert down["replicas"] == 0 and down["conditions"][0]["status"] == "False"
+
+
+def test_at_v1beta1_the_stand_in_writes_no_status_replicas_which_that_version_lacks() -> None:
+    from orchestrator.devcluster.sandbox_controller import sandbox_status
+
+    up = sandbox_status("t-sbx", "ns", ("True", "DependenciesReady", "running"), running=True,
+                        version="v1beta1")  # fmt: skip
+    assert "replicas" not in up
+    assert up["serviceFQDN"] == "t-sbx.ns.svc.cluster.local"
+    assert up["conditions"][0]["status"] == "True"
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "deleting", "runs"),
+    [
+        pytest.param("v1beta1", {"operatingMode": "Running"}, False, True, id="beta-running"),
+        pytest.param("v1beta1", {"operatingMode": "Suspended"}, False, False, id="beta-suspended"),
+        pytest.param("v1beta1", {}, False, True, id="beta-unset-runs"),
+        pytest.param("v1alpha1", {"replicas": 1}, False, True, id="alpha-one"),
+        pytest.param("v1alpha1", {"replicas": 0}, False, False, id="alpha-zero"),
+        pytest.param("v1alpha1", {}, False, True, id="alpha-unset-runs"),
+        pytest.param("v1beta1", {"operatingMode": "Running"}, True, False, id="beta-deleting"),
+        pytest.param("v1alpha1", {"replicas": 1}, True, False, id="alpha-deleting"),
+    ],
+)
+def test_the_stand_in_honours_each_versions_suspension_field(
+    version: str, spec: dict[str, object], deleting: bool, runs: bool
+) -> None:
+    from orchestrator.devcluster.sandbox_controller import should_run
+
+    meta = {"name": "s", "deletionTimestamp": "2026-12-05T08:00:00Z"} if deleting else {"name": "s"}
+    assert should_run(version, {"metadata": meta, "spec": spec}) is runs

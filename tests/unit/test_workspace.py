@@ -200,7 +200,7 @@ def test_the_sandbox_of_a_bound_task_runs_the_workspaces_provider() -> None:
     reconciler = Reconciler(
         kopf.Body(cast(kopf.RawBody, task)), kopf.Patch(), cast(Ledger, None), settings
     )
-    spec = parse_spec(copy.deepcopy(task["spec"]))
+    spec = parse_spec(copy.deepcopy(task["spec"])).with_sandbox_api_version(crd.SANDBOX_V1BETA1)
     bound = spec.with_binding(resolve(workspace(), "ws", spec.provider_ref, spec.model))
     pod = reconciler.sandbox_body(bound, "ws-demo")["spec"]["podTemplate"]["spec"]
     [daemon] = pod["containers"]
