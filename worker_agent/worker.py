@@ -8,6 +8,9 @@ Run by the daemon as ``python -m worker_agent.worker --session-dir D --agent-id 
 - on SIGTERM it takes no new input, finishes the in-flight turn if that fits in half the
   time left before the daemon's drain deadline, otherwise abandons it (it is re-run on
   resume), writes ``session.json`` and exits 0;
+- with a provider that ``exits_when_done`` (the scripted ``then=exit``), once its scripted
+  turns are over and no prompt is queued it emits ``finished`` and exits 0 by itself:
+  the daemon records the agent ``done``, its work over;
 - on ``--resume`` it loads ``session.json``, refuses a corrupt one (exit 2, the reason
   on stderr) and continues at turn ``turns + 1`` with the old messages as a prefix;
 - it reports ``running``/``idle`` to the daemon and holds ``worker.lock`` while it runs,
@@ -152,6 +155,13 @@ class Worker:
         while not self.stop.is_set():
             turn = self.session.turns + 1
             prompt = self.provider.scripted_prompt(turn)
+            if prompt is None and self.provider.exits_when_done:
+                if self.inbox.empty():
+                    # Its work is over: exit 0 by itself (``run`` has saved session.json),
+                    # which the daemon records as ``done``.
+                    emit({"type": "finished", "turns": self.session.turns})
+                    return
+                prompt = self.inbox.get_nowait()  # a prompt queued before the end is answered
             if prompt is None:
                 await self.reporter.report("idle", self.session.turns)
                 prompt = await self._next_input()
