@@ -11,6 +11,8 @@ Run by the daemon as ``python -m worker_agent.worker --session-dir D --agent-id 
 - with a provider that ``exits_when_done`` (the scripted ``then=exit``), once its scripted
   turns are over and no prompt is queued it emits ``finished`` and exits 0 by itself:
   the daemon records the agent ``done``, its work over;
+- a turn its provider cannot answer ends the worker with exit 5 (``EXIT_TURN_FAILED``),
+  never 0: its work is not over;
 - on ``--resume`` it loads ``session.json``, refuses a corrupt one (exit 2, the reason
   on stderr) and continues at turn ``turns + 1`` with the old messages as a prefix;
 - it reports ``running``/``idle`` to the daemon and holds ``worker.lock`` while it runs,
@@ -49,6 +51,11 @@ from worker_agent.unixpath import bound, connected
 EXIT_BAD_SESSION = 2
 EXIT_LOCKED = 3
 EXIT_BAD_CONFIG = 4
+EXIT_TURN_FAILED = 5
+"""The provider could not answer a turn (its endpoint down, a malformed reply): the work
+is not over, so the worker must not exit 0, which the daemon reads as ``done`` (finished,
+never resumed; a task whose agents are all done completes). Non-zero makes the agent
+``failed``: resumed after a disruption, the failed turn re-run."""
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -124,6 +131,7 @@ class Worker:
             session.agent_id, env.get("CALIBAN_SUPERVISOR_SOCKET"), on_lost=self.stop
         )
         self.agent_socket = env.get("CALIBAN_AGENT_SOCKET")
+        self.exit_code = 0
 
     @property
     def ignores_sigterm(self) -> bool:
@@ -149,7 +157,7 @@ class Worker:
             if server is not None:
                 server.close()
             await self.reporter.close()
-        return 0
+        return self.exit_code
 
     async def _converse(self) -> None:
         while not self.stop.is_set():
@@ -197,6 +205,8 @@ class Worker:
             text = answer.result()
         except ProviderError as exc:
             emit({"type": "turn_failed", "turn": turn, "error": str(exc)})
+            sys.stderr.write(f"worker: turn {turn} failed, stopping: {exc}\n")
+            self.exit_code = EXIT_TURN_FAILED
             self.stop.set()
             return False
         messages.append({"role": "assistant", "content": text, "turn": turn})

@@ -144,3 +144,27 @@ def test_an_agent_whose_worker_finishes_by_itself_is_done(daemon: DaemonProcess)
         (i, 2, True, 0) for i in ids
     )
     assert {r.status for r in daemon.records().values()} == {AgentStatus.DONE}
+
+
+def test_a_turn_the_provider_cannot_answer_fails_the_agent_never_finishes_it(
+    daemon: DaemonProcess,
+) -> None:
+    """Tried: an agent on the openai provider whose endpoint refuses connections
+    (127.0.0.1 port 1). Exiting 0 would make it ``done`` — finished, never resumed, and a
+    task whose agents are all done completes — so it must exit non-zero: ``failed``."""
+    with daemon.client() as client:
+        agent_id = client.spawn(
+            provider="openai", model="m", initial_prompt="hello",
+            env={"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_TIMEOUT_SECS": "5"},
+        ).id  # fmt: skip
+    records = daemon.wait_for_status([agent_id], {AgentStatus.FAILED, AgentStatus.DONE})
+    assert records[agent_id].status is AgentStatus.FAILED
+    assert records[agent_id].exit == 5
+    directory = layout.agent_dir(daemon.store, agent_id)
+    stderr = layout.stderr_file(directory).read_text()
+    assert "turn 1 failed, stopping: chat completion at" in stderr
+    events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
+    assert [e["type"] for e in events if e["type"] in ("turn_failed", "finished")] == [
+        "turn_failed"
+    ]
+    assert load_session(directory).turns == 0  # the failed turn is re-run on resume
