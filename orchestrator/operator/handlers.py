@@ -1118,17 +1118,41 @@ class Reconciler:
 
     async def start_pause(self, spec: TaskSpec, paused_by: str) -> None:
         count = int(self.status.get("pauses") or 0) + 1
-        op = await _ledger_call(
-            pipeline.start_drain, app, self.ledger, self.settings,
-            namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind=OperationKind.PAUSE,
-            reason=CheckpointReason.PAUSE, pvc_name=self.pvc_name,
-            idempotency_key=operation_key(self.uid, Purpose.PAUSE, count),
-        )  # fmt: skip
-        self.record_operation(op)
+        await self.begin_drain(spec, OperationKind.PAUSE, CheckpointReason.PAUSE,
+                               operation_key(self.uid, Purpose.PAUSE, count))  # fmt: skip
         self.set_status(pauses=count, pausedBy=paused_by)
         why = "every agent idle" if paused_by == "idle" else "spec.lifecycle.suspend is true"
         self.set_phase(Phase.DRAINING, f"pausing: {why}; draining agents")
+
+    async def begin_drain(
+        self, spec: TaskSpec, kind: OperationKind, reason: CheckpointReason, key: str
+    ) -> None:
+        """Begin the drain → record chain of a pause or a completion under ``key``; the
+        phase is the caller's to set."""
+        op = await _ledger_call(
+            pipeline.start_drain, app, self.ledger, self.settings,
+            namespace=self.namespace, name=self.name, task_uid=self.uid,
+            grace_secs=spec.drain_grace_secs, kind=kind, reason=reason,
+            pvc_name=self.pvc_name, idempotency_key=key,
+        )  # fmt: skip
+        self.record_operation(op)
+
+    async def suspend_checkpointed(self, spec: TaskSpec, ref: str, doing: str) -> bool:
+        """Once checkpoint ``ref``'s snapshot has settled, suspend the Sandbox (compute
+        released, the workspace PVC kept) and write ``ref`` to the task; False while the
+        snapshot is still being taken (phase Draining, ``doing`` says what for)."""
+        if not await self.snapshot_settled(ref):
+            self.set_phase(Phase.DRAINING, f"{doing}: agents drained; snapshotting the "
+                                           f"workspace for {ref}")  # fmt: skip
+            return False
+        if self.settings.manage_sandbox:
+            await kube.patch_sandbox(
+                spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
+                sandbox_suspension_patch(spec.sandbox_api_version, True),
+            )  # fmt: skip
+        self.set_status(checkpointRef=ref, idleSince=None)
+        self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
+        return True
 
     async def last_operation(self) -> OperationView | None:
         last = self.status.get("lastOperation") or {}
@@ -1147,17 +1171,8 @@ class Reconciler:
             await self.finish_completion(spec, op)
             return
         if op.state is OperationState.RECORDED and op.checkpoint_ref:
-            if not await self.snapshot_settled(op.checkpoint_ref):
-                self.set_phase(Phase.DRAINING, f"pausing: agents drained; snapshotting the "
-                                               f"workspace for {op.checkpoint_ref}")  # fmt: skip
+            if not await self.suspend_checkpointed(spec, op.checkpoint_ref, "pausing"):
                 return
-            if self.settings.manage_sandbox:
-                await kube.patch_sandbox(
-                    spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
-                    sandbox_suspension_patch(spec.sandbox_api_version, True),
-                )  # fmt: skip
-            self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
-            self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {op.checkpoint_ref}")
             self.set_phase(Phase.SUSPENDED, f"suspended with checkpoint {op.checkpoint_ref}")
         elif op.state is OperationState.FAILED:
             message = f"pause abandoned, agents keep running: {op.error}"
@@ -1202,14 +1217,8 @@ class Reconciler:
         and record the completed checkpoint, as a pause does; ``finish_completion`` then
         suspends the Sandbox."""
         attempt = int(self.status.get("completions") or 0) + 1
-        op = await _ledger_call(
-            pipeline.start_drain, app, self.ledger, self.settings,
-            namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind=OperationKind.COMPLETE,
-            reason=CheckpointReason.COMPLETED, pvc_name=self.pvc_name,
-            idempotency_key=operation_key(self.uid, Purpose.COMPLETE, attempt),
-        )  # fmt: skip
-        self.record_operation(op)
+        await self.begin_drain(spec, OperationKind.COMPLETE, CheckpointReason.COMPLETED,
+                               operation_key(self.uid, Purpose.COMPLETE, attempt))  # fmt: skip
         self.set_status(completions=attempt)
         self.set_phase(Phase.DRAINING, (
             f"completing: all {counts.total} agents finished their work; recording their "
@@ -1222,21 +1231,12 @@ class Reconciler:
         to Running, saying why; ``completion_step`` tries again after a backoff."""
         if op.state is OperationState.RECORDED and op.checkpoint_ref:
             ref = op.checkpoint_ref
-            if not await self.snapshot_settled(ref):
-                self.set_phase(Phase.DRAINING, f"completing: agents checkpointed; snapshotting "
-                                               f"the workspace for {ref}")  # fmt: skip
+            if not await self.suspend_checkpointed(spec, ref, "completing"):
                 return
-            if self.settings.manage_sandbox:
-                await kube.patch_sandbox(
-                    spec.sandbox_api_version, self.namespace, self.sandbox_of(spec),
-                    sandbox_suspension_patch(spec.sandbox_api_version, True),
-                )  # fmt: skip
             # What kubectl asked until now is spent: only later requests are answered.
-            self.set_status(checkpointRef=ref, agents=0, idleSince=None,
-                            lastSuspend=spec.suspend)  # fmt: skip
+            self.set_status(agents=0, lastSuspend=spec.suspend)
             if wake := self.wake_value():
                 self.set_status(lastWake=wake)
-            self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
             self.set_condition("Completed", True, "AgentsDone", (
                 f"every agent finished its work; checkpoint {ref} is kept (restore it with "
                 "spec.resumeFrom.checkpointRef)"

@@ -45,26 +45,6 @@ def reasons(stack: DevStack, name: str, reason: str) -> list[dict[str, str]]:
     return [e for e in stack.events_of(name) if e["reason"] == reason]
 
 
-def observe_passes(stack: DevStack, name: str, passes: int) -> None:
-    """``passes`` reconcile passes over the task, each awaited by its observedGeneration
-    (a spec edit that changes nothing a Completed task runs: the drain grace period)."""
-    for n in range(passes):
-        grace = f"{41 + n}s"
-        body = json.dumps({"spec": {"lifecycle": {"drainGracePeriod": grace}}})
-        stack.kubectl("patch", "ctask", name, "--type=merge", "-p", body)
-
-        def observed(grace: str = grace) -> bool:
-            task = stack.task("default", name) or {}
-            generation = task.get("metadata", {}).get("generation")
-            return (
-                bool(generation)
-                and task.get("status", {}).get("observedGeneration") == generation
-                and task["spec"]["lifecycle"]["drainGracePeriod"] == grace
-            )
-
-        wait_until(observed, 60, f"{name}: a reconcile pass observing edit {n + 1}")
-
-
 def test_a_task_whose_agents_all_finish_completes_keeps_its_checkpoint_and_restores(
     stack: DevStack,
 ) -> None:
@@ -111,7 +91,7 @@ def test_a_task_whose_agents_all_finish_completes_keeps_its_checkpoint_and_resto
     for suspend in ("true", "false"):
         body = f'{{"spec": {{"lifecycle": {{"suspend": {suspend}}}}}}}'
         stack.kubectl("patch", "ctask", name, "--type=merge", "-p", body)
-        observe_passes(stack, name, 2)
+        stack.watch_passes(name, 2)
     assert len(reasons(stack, name, "NothingToResume")) == 2  # the wake, and suspend: false
     assert len(reasons(stack, name, "AlreadyCompleted")) == 1  # suspend: true
     status = stack.status("default", name)
