@@ -29,7 +29,7 @@ REGISTRY = CollectorRegistry()
 
 DRAIN_DURATION = Histogram(
     "caliban_drain_drain_duration_seconds",
-    "Seconds from a drain's start to its end, by kind (delete-drain, pause, drain) and "
+    "Seconds from a drain's start to its end, by kind (delete-drain, pause, complete, drain) and "
     "outcome (recorded, failed, expired: its deadline passed, forced: superseded by a "
     "forced checkpoint).",
     ["kind", "outcome"], buckets=daemon_metrics.DURATION_BUCKETS, registry=REGISTRY,
@@ -47,7 +47,7 @@ OPERATIONS = Counter(
 )  # fmt: skip
 CHECKPOINTS = Counter(
     "caliban_drain_checkpoints_recorded",
-    "Checkpoints recorded in the ledger, by reason (delete, pause, manual, forced).",
+    "Checkpoints recorded in the ledger, by reason (delete, pause, completed, manual, forced).",
     ["reason"], registry=REGISTRY,
 )  # fmt: skip
 FORCED_DELETES = Counter(

@@ -23,6 +23,12 @@ class ProviderError(Exception):
 class Provider(Protocol):
     name: str
 
+    @property
+    def exits_when_done(self) -> bool:
+        """Whether the worker exits 0 by itself once ``scripted_prompt`` runs out and no
+        prompt is queued (its work is over: the daemon marks the agent ``done``), rather
+        than waiting for input."""
+
     def scripted_prompt(self, turn: int) -> str | None:
         """The prompt the provider drives turn ``turn`` with, or None to wait for input."""
 
@@ -36,10 +42,17 @@ class ScriptedConfig:
     turn_ms: int = 200
     ignore_sigterm: bool = False
     """Fault injection: the worker ignores SIGTERM, so a drain must SIGKILL it."""
+    then_exit: bool = False
+    """``then=exit``: after its N turns the worker exits 0 by itself (the agent is
+    ``done``); ``then=wait`` (the default) waits for prompts instead."""
+
+
+SCRIPTED_KEYS = ("turns", "turn_ms", "sigterm", "then")
 
 
 def parse_scripted_model(model: str) -> ScriptedConfig:
-    """``"turns=N,turn_ms=M[,sigterm=ignore]"``; missing keys take the defaults."""
+    """``"turns=N,turn_ms=M[,sigterm=ignore][,then=exit]"``; missing keys take the
+    defaults."""
     values: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in model.split(","))):
         key, sep, value = part.partition("=")
@@ -55,9 +68,16 @@ def parse_scripted_model(model: str) -> ScriptedConfig:
             if value not in ("ignore", "honour", "honor"):
                 raise ProviderError(f"scripted model sigterm={value!r}: use ignore or honour")
             values["ignore_sigterm"] = value == "ignore"
+        elif key == "then":
+            if value not in ("wait", "exit"):
+                raise ProviderError(
+                    f"scripted model then={value!r}: use wait (for prompts after the last "
+                    "turn) or exit (finish: exit 0, the agent is done)"
+                )
+            values["then_exit"] = value == "exit"
         else:
             raise ProviderError(
-                f"scripted model has unknown key {key!r}; known: turns, turn_ms, sigterm"
+                f"scripted model has unknown key {key!r}; known: {', '.join(SCRIPTED_KEYS)}"
             )
     return ScriptedConfig(**values)
 
@@ -70,6 +90,10 @@ class ScriptedProvider:
     def __init__(self, config: ScriptedConfig, initial_prompt: str | None) -> None:
         self.config = config
         self.initial_prompt = initial_prompt
+
+    @property
+    def exits_when_done(self) -> bool:
+        return self.config.then_exit
 
     def scripted_prompt(self, turn: int) -> str | None:
         if turn > self.config.turns:
@@ -99,6 +123,10 @@ class OpenAIProvider:
         self.api_key = env.get("OPENAI_API_KEY", "")
         self.timeout = float(env.get("OPENAI_TIMEOUT_SECS", "120"))
         self.initial_prompt = initial_prompt
+
+    @property
+    def exits_when_done(self) -> bool:
+        return False  # a conversation with a person: it ends when they stop it
 
     def scripted_prompt(self, turn: int) -> str | None:
         return self.initial_prompt if turn == 1 and self.initial_prompt else None

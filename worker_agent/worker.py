@@ -8,6 +8,11 @@ Run by the daemon as ``python -m worker_agent.worker --session-dir D --agent-id 
 - on SIGTERM it takes no new input, finishes the in-flight turn if that fits in half the
   time left before the daemon's drain deadline, otherwise abandons it (it is re-run on
   resume), writes ``session.json`` and exits 0;
+- with a provider that ``exits_when_done`` (the scripted ``then=exit``), once its scripted
+  turns are over and no prompt is queued it emits ``finished`` and exits 0 by itself:
+  the daemon records the agent ``done``, its work over;
+- a turn its provider cannot answer ends the worker with exit 5 (``EXIT_TURN_FAILED``),
+  never 0: its work is not over;
 - on ``--resume`` it loads ``session.json``, refuses a corrupt one (exit 2, the reason
   on stderr) and continues at turn ``turns + 1`` with the old messages as a prefix;
 - it reports ``running``/``idle`` to the daemon and holds ``worker.lock`` while it runs,
@@ -46,6 +51,11 @@ from worker_agent.unixpath import bound, connected
 EXIT_BAD_SESSION = 2
 EXIT_LOCKED = 3
 EXIT_BAD_CONFIG = 4
+EXIT_TURN_FAILED = 5
+"""The provider could not answer a turn (its endpoint down, a malformed reply): the work
+is not over, so the worker must not exit 0, which the daemon reads as ``done`` (finished,
+never resumed; a task whose agents are all done completes). Non-zero makes the agent
+``failed``: resumed after a disruption, the failed turn re-run."""
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -121,6 +131,7 @@ class Worker:
             session.agent_id, env.get("CALIBAN_SUPERVISOR_SOCKET"), on_lost=self.stop
         )
         self.agent_socket = env.get("CALIBAN_AGENT_SOCKET")
+        self.exit_code = 0
 
     @property
     def ignores_sigterm(self) -> bool:
@@ -146,12 +157,19 @@ class Worker:
             if server is not None:
                 server.close()
             await self.reporter.close()
-        return 0
+        return self.exit_code
 
     async def _converse(self) -> None:
         while not self.stop.is_set():
             turn = self.session.turns + 1
             prompt = self.provider.scripted_prompt(turn)
+            if prompt is None and self.provider.exits_when_done:
+                if self.inbox.empty():
+                    # Its work is over: exit 0 by itself (``run`` has saved session.json),
+                    # which the daemon records as ``done``.
+                    emit({"type": "finished", "turns": self.session.turns})
+                    return
+                prompt = self.inbox.get_nowait()  # a prompt queued before the end is answered
             if prompt is None:
                 await self.reporter.report("idle", self.session.turns)
                 prompt = await self._next_input()
@@ -187,6 +205,8 @@ class Worker:
             text = answer.result()
         except ProviderError as exc:
             emit({"type": "turn_failed", "turn": turn, "error": str(exc)})
+            sys.stderr.write(f"worker: turn {turn} failed, stopping: {exc}\n")
+            self.exit_code = EXIT_TURN_FAILED
             self.stop.set()
             return False
         messages.append({"role": "assistant", "content": text, "turn": turn})

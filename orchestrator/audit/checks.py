@@ -234,7 +234,8 @@ def check_tasks(
                 f"({mine.agents_interrupted} interrupted)",
             ))  # fmt: skip
         if (
-            task.phase == Phase.SUSPENDED
+            # A Completed task released its compute as a paused one did: same claim.
+            task.phase in (Phase.SUSPENDED, Phase.COMPLETED)
             and phase_age is not None
             and (phase_age > limits.phase_settle_secs)
         ):
@@ -260,7 +261,7 @@ def check_tasks(
             if problems:
                 found.append(finding(
                     FindingKind.SUSPENDED_NOT_STOPPED,
-                    f"phase Suspended for {phase_age:.0f}s, but {'; '.join(problems)}",
+                    f"phase {task.phase} for {phase_age:.0f}s, but {'; '.join(problems)}",
                 ))  # fmt: skip
     return found
 

@@ -9,8 +9,10 @@ nothing itself: every branch taken here is on a value a ``lifecycle`` function r
 - a timer per task reconciles level-triggered: provisioning, Running once the daemon
   reports live agents, recovery of a daemon that restarted, idle pause,
   ``spec.lifecycle.suspend``, the wake annotation, a pause's drain → record → Sandbox
-  suspend, and resume on re-activation; a task created suspended, which gets nothing
-  (no PVC, Sandbox or operation) until the spec un-suspends it;
+  suspend, and resume on re-activation; completion once every agent finished its work
+  (drain → record → Sandbox suspend, phase Completed, the checkpoint kept); a task
+  created suspended, which gets nothing (no PVC, Sandbox or operation) until the spec
+  un-suspends it;
 - the delete handler is the drain finalizer (``crd.FINALIZER``): drain, record,
   ``status.checkpointRef``, retain the PVC, release — or, past ``drainTimeout``, a
   forced checkpoint and a Warning event. Deletion never wedges.
@@ -51,6 +53,8 @@ from orchestrator.operator.lifecycle import (
     AgentCounts,
     Availability,
     AvailabilityDecision,
+    CompletedAnswer,
+    CompletionStep,
     ConditionChange,
     DeleteAction,
     LaunchStep,
@@ -65,6 +69,9 @@ from orchestrator.operator.lifecycle import (
     adopts_pause_drain,
     availability,
     choose_snapshot_class,
+    completed_request,
+    completing,
+    completion_step,
     condition,
     decide_delete,
     default_sandbox_api_version,
@@ -161,6 +168,20 @@ def _counts(activity: ActivityView) -> AgentCounts:
         interrupted=activity.agents_interrupted,
         done=activity.agents_done,
     )
+
+
+_E = TypeVar("_E", OperationKind, OperationState)
+
+
+def _member(enum: type[_E], value: object) -> _E | None:
+    """``status.lastOperation``'s kind or state as the ledger's enum (None: unset, or a
+    value this operator does not know)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return enum(value)
+    except ValueError:
+        return None
 
 
 def _operation_status(op: OperationView) -> dict[str, Any]:
@@ -334,6 +355,8 @@ class Reconciler:
             await self.finish_pause(spec)
         elif phase == Phase.SUSPENDED:
             await self.while_suspended(spec)
+        elif phase == Phase.COMPLETED:
+            self.while_completed(spec)
         await self.guard_operation_in_progress()
 
     async def resolve_sandbox_version(self, spec: TaskSpec) -> TaskSpec:
@@ -995,15 +1018,17 @@ class Reconciler:
 
     async def while_running(self, spec: TaskSpec) -> None:
         if await self.follow_scaling():
-            return  # a pause or a further scale waits for the agents to settle
+            return  # a pause, a completion or a further scale waits for the agents to settle
+        activity = await self.latest_activity()
+        counts = self.counts = None if activity is None else _counts(activity)
+        if await self.complete_when_done(spec, counts, activity):
+            return
         wanted = wanted_transition(
             spec, Phase.RUNNING, None, self.wake_value(), self.status.get("lastWake")
         )
         if wanted is Wanted.PAUSE:
             await self.start_pause(spec, "manual")
             return
-        activity = await self.latest_activity()
-        counts = self.counts = None if activity is None else _counts(activity)
         decision = availability(
             counts, self.heartbeat_age(activity), self.settings.heartbeat_interval_secs,
             self.recovery_history(), self.now,
@@ -1210,17 +1235,41 @@ class Reconciler:
 
     async def start_pause(self, spec: TaskSpec, paused_by: str) -> None:
         count = int(self.status.get("pauses") or 0) + 1
-        op = await _ledger_call(
-            pipeline.start_drain, app, self.ledger, self.settings,
-            namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind=OperationKind.PAUSE,
-            reason=CheckpointReason.PAUSE, pvc_name=self.pvc_name,
-            idempotency_key=operation_key(self.uid, Purpose.PAUSE, count),
-        )  # fmt: skip
-        self.record_operation(op)
+        await self.begin_drain(spec, OperationKind.PAUSE, CheckpointReason.PAUSE,
+                               operation_key(self.uid, Purpose.PAUSE, count))  # fmt: skip
         self.set_status(pauses=count, pausedBy=paused_by)
         why = "every agent idle" if paused_by == "idle" else "spec.lifecycle.suspend is true"
         self.set_phase(Phase.DRAINING, f"pausing: {why}; draining agents")
+
+    async def begin_drain(
+        self, spec: TaskSpec, kind: OperationKind, reason: CheckpointReason, key: str
+    ) -> None:
+        """Begin the drain → record chain of a pause or a completion under ``key``; the
+        phase is the caller's to set."""
+        op = await _ledger_call(
+            pipeline.start_drain, app, self.ledger, self.settings,
+            namespace=self.namespace, name=self.name, task_uid=self.uid,
+            grace_secs=spec.drain_grace_secs, kind=kind, reason=reason,
+            pvc_name=self.pvc_name, idempotency_key=key,
+        )  # fmt: skip
+        self.record_operation(op)
+
+    async def suspend_checkpointed(self, spec: TaskSpec, ref: str, doing: str) -> bool:
+        """Once checkpoint ``ref``'s snapshot has settled, suspend the Sandbox (compute
+        released, the workspace PVC kept) and write ``ref`` to the task; False while the
+        snapshot is still being taken (phase Draining, ``doing`` says what for)."""
+        if not await self.snapshot_settled(ref):
+            self.set_phase(Phase.DRAINING, f"{doing}: agents drained; snapshotting the "
+                                           f"workspace for {ref}")  # fmt: skip
+            return False
+        if self.settings.manage_sandbox:
+            await kube.patch_sandbox(
+                spec.sandbox_version, self.namespace, self.sandbox_of(spec),
+                sandbox_suspension_patch(spec.sandbox_version, True),
+            )  # fmt: skip
+        self.set_status(checkpointRef=ref, idleSince=None)
+        self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
+        return True
 
     async def last_operation(self) -> OperationView | None:
         last = self.status.get("lastOperation") or {}
@@ -1235,18 +1284,12 @@ class Reconciler:
             self.set_phase(Phase.RUNNING, "no pause operation to wait for")
             return
         self.record_operation(op)
+        if completing(self.status.get("phase"), op.kind):
+            await self.finish_completion(spec, op)
+            return
         if op.state is OperationState.RECORDED and op.checkpoint_ref:
-            if not await self.snapshot_settled(op.checkpoint_ref):
-                self.set_phase(Phase.DRAINING, f"pausing: agents drained; snapshotting the "
-                                               f"workspace for {op.checkpoint_ref}")  # fmt: skip
+            if not await self.suspend_checkpointed(spec, op.checkpoint_ref, "pausing"):
                 return
-            if self.settings.manage_sandbox:
-                await kube.patch_sandbox(
-                    spec.sandbox_version, self.namespace, self.sandbox_of(spec),
-                    sandbox_suspension_patch(spec.sandbox_version, True),
-                )  # fmt: skip
-            self.set_status(checkpointRef=op.checkpoint_ref, idleSince=None)
-            self.set_condition("Checkpointed", True, "Recorded", f"checkpoint {op.checkpoint_ref}")
             self.set_phase(Phase.SUSPENDED, f"suspended with checkpoint {op.checkpoint_ref}")
         elif op.state is OperationState.FAILED:
             message = f"pause abandoned, agents keep running: {op.error}"
@@ -1254,6 +1297,102 @@ class Reconciler:
             self.set_condition("Checkpointed", False, "PauseFailed", message)
             self.set_status(pausedBy=None)
             self.set_phase(Phase.RUNNING, message)
+
+    # -- completion: every agent finished its work
+
+    async def complete_when_done(
+        self, spec: TaskSpec, counts: AgentCounts | None, activity: ActivityView | None
+    ) -> bool:
+        """Begin a completion when every agent is done (``completion_step``), or wait out
+        the backoff after a failed one; True when that is all this pass does."""
+        last = self.status.get("lastOperation") or {}
+        decision = completion_step(
+            counts,
+            silent=heartbeat_silent(self.heartbeat_age(activity),
+                                    self.settings.heartbeat_interval_secs),
+            attempts=int(self.status.get("completions") or 0),
+            last_kind=_member(OperationKind, last.get("kind")),
+            last_state=_member(OperationState, last.get("state")),
+            last_finished_at=parse_time(last.get("finishedAt")),
+            now=self.now,
+        )  # fmt: skip
+        if decision.step is CompletionStep.NOT_DONE:
+            return False
+        assert counts is not None
+        self.set_status(agents=counts.live, idleSince=None)
+        if decision.step is CompletionStep.RETRY_LATER:
+            self.set_status(message=(
+                f"every agent finished its work; completion failed ({last.get('error')}), "
+                f"trying again in {decision.wait_secs:.0f}s"
+            ))  # fmt: skip
+            return True
+        await self.start_completion(spec, counts)
+        return True
+
+    async def start_completion(self, spec: TaskSpec, counts: AgentCounts) -> None:
+        """Drain (agents that are all stopped: the daemon answers verified refs of each)
+        and record the completed checkpoint, as a pause does; ``finish_completion`` then
+        suspends the Sandbox."""
+        attempt = int(self.status.get("completions") or 0) + 1
+        await self.begin_drain(spec, OperationKind.COMPLETE, CheckpointReason.COMPLETED,
+                               operation_key(self.uid, Purpose.COMPLETE, attempt))  # fmt: skip
+        self.set_status(completions=attempt)
+        self.set_phase(Phase.DRAINING, (
+            f"completing: all {counts.total} agents finished their work; recording their "
+            "checkpoint"
+        ))  # fmt: skip
+
+    async def finish_completion(self, spec: TaskSpec, op: OperationView) -> None:
+        """The completion's drain recorded: suspend the Sandbox (compute released, the
+        workspace PVC kept), and the task is Completed with that checkpoint. Failed: back
+        to Running, saying why; ``completion_step`` tries again after a backoff."""
+        if op.state is OperationState.RECORDED and op.checkpoint_ref:
+            ref = op.checkpoint_ref
+            if not await self.suspend_checkpointed(spec, ref, "completing"):
+                return
+            # What kubectl asked until now is spent: only later requests are answered.
+            self.set_status(agents=0, lastSuspend=spec.suspend)
+            if wake := self.wake_value():
+                self.set_status(lastWake=wake)
+            self.set_condition("Completed", True, "AgentsDone", (
+                f"every agent finished its work; checkpoint {ref} is kept (restore it with "
+                "spec.resumeFrom.checkpointRef)"
+            ))  # fmt: skip
+            self.set_phase(Phase.COMPLETED, (
+                f"checkpoint {ref}; workspace PVC {self.pvc_name} kept"
+            ))  # fmt: skip
+        elif op.state is OperationState.FAILED:
+            message = f"completion abandoned, the task stays Running: {op.error}"
+            kopf.warn(self.body, reason="CompletionFailed", message=message)
+            self.set_condition("Completed", False, "CompletionFailed", message)
+            self.set_phase(Phase.RUNNING, message)
+
+    def while_completed(self, spec: TaskSpec) -> None:
+        """A wake or a change of ``spec.lifecycle.suspend`` is answered once: there is
+        nothing to resume or pause (``completed_request``)."""
+        wake = self.wake_value()
+        answer = completed_request(spec.suspend, self.status.get("lastSuspend"), wake,
+                                   self.status.get("lastWake"))  # fmt: skip
+        self.set_status(lastSuspend=spec.suspend)
+        if wake:
+            self.set_status(lastWake=wake)
+        if answer is CompletedAnswer.NOTHING:
+            return
+        ref = self.status.get("checkpointRef")
+        reason = "NothingToResume"
+        message = (
+            f"nothing to resume: the task completed (every agent finished its work) with "
+            f"checkpoint {ref}; to continue from it, create a task with "
+            f"spec.resumeFrom.checkpointRef: {ref}"
+        )
+        if answer is CompletedAnswer.NOTHING_TO_PAUSE:
+            reason = "AlreadyCompleted"
+            message = (
+                f"nothing to pause: the task completed with checkpoint {ref} and its "
+                "Sandbox is suspended already"
+            )
+        kopf.info(self.body, reason=reason, message=message)
+        self.set_status(message=message)
 
     def wake_held(self, wake: str | None) -> None:
         """A wake on a task whose spec says ``suspend: true``: the spec wins, so the wake
@@ -1355,7 +1494,7 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
             kopf.info(body, reason="Released", message=f"{why}; not checkpointed")
             await _workspace_goes_with(r, why)
             return
-        if action is DeleteAction.KEEP_PAUSE_CHECKPOINT:
+        if action in (DeleteAction.KEEP_PAUSE_CHECKPOINT, DeleteAction.KEEP_COMPLETED_CHECKPOINT):
             await _release_with_checkpoint(r, str(checkpoint_ref))
             return
         if action is DeleteAction.START_DRAIN:

@@ -13,8 +13,10 @@ has been idle and whether to idle-pause (``idle_secs``, ``should_idle_pause``), 
 user asked for through kubectl (``wanted_transition``: pause, resume, and a task
 created suspended that starts nothing until resumed), what a task waiting for its
 daemon does (``launch_step``: Running, or resume a daemon that came back with stopped
-agents), which condition a finished resume earns (``resume_outcome``), and the
-idempotency key of each operation (``operation_key``). Names on the wire come from
+agents), which condition a finished resume earns (``resume_outcome``), whether a Running task
+whose agents all finished their work completes (``completion_step``) and what a
+Completed task answers to kubectl (``completed_request``), and the idempotency key of
+each operation (``operation_key``). Names on the wire come from
 ``crd``; ledger states and kinds are the ledger's enums.
 """
 
@@ -342,9 +344,15 @@ class Purpose(StrEnum):
     SCALE = "scale"
     """Following a changed ``spec.task.agents``: one per change, numbered by
     ``status.scales``."""
+    COMPLETE = "complete"
+    """Recording the checkpoint of a task whose agents all finished their work: one per
+    attempt, numbered by ``status.completions`` (a failed attempt is tried again under
+    the next number)."""
 
 
-_REPEATING = frozenset({Purpose.PAUSE, Purpose.RESUME, Purpose.RECOVER, Purpose.SCALE})
+_REPEATING = frozenset(
+    {Purpose.PAUSE, Purpose.RESUME, Purpose.RECOVER, Purpose.SCALE, Purpose.COMPLETE}
+)
 
 
 def operation_key(uid: str, purpose: Purpose, which: int | str | None = None) -> str:
@@ -367,6 +375,10 @@ class DeleteAction(StrEnum):
     KEEP_PAUSE_CHECKPOINT = "keep-pause-checkpoint"
     """A suspended task was drained and checkpointed when it paused, and its daemon is
     stopped: keep that checkpoint (``status.checkpointRef``), retain the PVC, release."""
+    KEEP_COMPLETED_CHECKPOINT = "keep-completed-checkpoint"
+    """A Completed task's agents finished their work and it was checkpointed then, its
+    daemon stopped: that checkpoint is the task's; keep it, retain the PVC, release —
+    as after a pause, never a second drain of agents that are done."""
     START_DRAIN = "start-drain"
     WAIT = "wait"
     RECORDED = "recorded"
@@ -426,6 +438,8 @@ def decide_delete(
             return DeleteAction.RELEASE
         if phase == Phase.SUSPENDED and checkpoint_ref:
             return DeleteAction.KEEP_PAUSE_CHECKPOINT
+        if phase == Phase.COMPLETED and checkpoint_ref:
+            return DeleteAction.KEEP_COMPLETED_CHECKPOINT
         return DeleteAction.START_DRAIN
     if op_state in CHECKPOINTED_STATES:
         return DeleteAction.RECORDED
@@ -450,19 +464,24 @@ _DRAINING_OR_CHECKPOINTED = (
 )
 
 
+_ADOPTABLE_DRAINS = frozenset({OperationKind.PAUSE, OperationKind.COMPLETE})
+
+
 def adopts_pause_drain(
     phase: str | None, last_kind: OperationKind | None, last_state: OperationState | None
 ) -> bool:
-    """Whether a deletion takes over the pause drain on its way instead of starting its own.
+    """Whether a deletion takes over the pause (or completion) drain on its way instead
+    of starting its own.
 
-    A task deleted while it pauses (phase Draining, its last operation a pause) is
-    already being drained to a checkpoint: a second drain would record a second
-    checkpoint of the same agents. The deletion waits for the pause's drain and keeps
-    its checkpoint (``decide_delete`` with that operation's state), or forces one past
-    ``drainTimeout``. A pause that failed drained nothing: the deletion drains anew."""
+    A task deleted while it pauses or completes (phase Draining, its last operation a
+    pause or a completion) is already being drained to a checkpoint: a second drain
+    would record a second checkpoint of the same agents. The deletion waits for that
+    drain and keeps its checkpoint (``decide_delete`` with that operation's state), or
+    forces one past ``drainTimeout``. One that failed drained nothing: the deletion
+    drains anew."""
     return (
         phase == Phase.DRAINING
-        and last_kind is OperationKind.PAUSE
+        and last_kind in _ADOPTABLE_DRAINS
         and last_state in _DRAINING_OR_CHECKPOINTED
     )
 
@@ -1070,6 +1089,104 @@ def availability(
     )
 
 
+# ------------------------------------------------------------------------ completion
+
+COMPLETION_RETRY_SECS: Final = (10.0, 30.0, 60.0, 120.0, 300.0)
+"""How long after a failed completion the next attempt may begin, by how many attempts
+came before it; the last value repeats for as long as every agent stays done."""
+
+
+class CompletionStep(StrEnum):
+    NOT_DONE = "not-done"
+    """Some agent has work left or runs, was killed by a user, or nothing is known (no
+    heartbeat, a silent daemon): the Running pass goes on as it would."""
+    COMPLETE = "complete"
+    """Every agent finished its work: begin a completion (drain → record → suspend)."""
+    RETRY_LATER = "retry-later"
+    """Every agent finished, but the last completion failed too recently: wait, Running.
+    Nothing else is decided meanwhile: no idle pause (every agent done is "idle" to the
+    daemon) and no kubectl pause, so completion is never raced by a pause."""
+
+
+@dataclass(frozen=True)
+class CompletionDecision:
+    step: CompletionStep
+    wait_secs: float = 0.0
+    """For ``RETRY_LATER``: how long until the next attempt may begin."""
+
+
+def every_agent_done(counts: AgentCounts | None) -> bool:
+    """Whether the heartbeat says the task's work is over: it has agents and every one
+    is ``done`` (its worker exited 0 by itself). An agent a user killed stopped on
+    purpose but did not finish its work, and an interrupted one (drained, crashed,
+    failed) has work left: either keeps the task from completing."""
+    return counts is not None and counts.total > 0 and counts.done == counts.total
+
+
+def completion_step(
+    counts: AgentCounts | None,
+    *,
+    silent: bool,
+    attempts: int,
+    last_kind: OperationKind | None,
+    last_state: OperationState | None,
+    last_finished_at: datetime | None,
+    now: datetime,
+) -> CompletionDecision:
+    """Whether a Running task completes now, given the daemon's latest heartbeat
+    (``counts``; ``silent``: too old to trust), ``status.completions`` (``attempts``
+    begun) and its last operation (kind, state, when it finished).
+
+    This is decided before anything else a Running task does (a pause, a recovery): a
+    task whose work is over is checkpointed as completed, never paused as idle. A
+    completion that failed is tried again under a new operation key once
+    ``COMPLETION_RETRY_SECS`` has passed since it failed."""
+    if silent or not every_agent_done(counts):
+        return CompletionDecision(CompletionStep.NOT_DONE)
+    failed = last_kind is OperationKind.COMPLETE and last_state is OperationState.FAILED
+    if failed and attempts > 0 and last_finished_at is not None:
+        backoff = COMPLETION_RETRY_SECS[min(attempts, len(COMPLETION_RETRY_SECS)) - 1]
+        wait = backoff - (now - last_finished_at).total_seconds()
+        if wait > 0:
+            return CompletionDecision(CompletionStep.RETRY_LATER, wait)
+    return CompletionDecision(CompletionStep.COMPLETE)
+
+
+def completing(phase: str | None, last_kind: OperationKind | None) -> bool:
+    """Whether a Draining task is completing (its drain is a completion's), not pausing."""
+    return phase == Phase.DRAINING and last_kind is OperationKind.COMPLETE
+
+
+class CompletedAnswer(StrEnum):
+    NOTHING = "nothing"
+    NOTHING_TO_RESUME = "nothing-to-resume"
+    """A new wake annotation value, or ``spec.lifecycle.suspend`` set to false: there is
+    no agent with work left to resume. Said once (an event and the status message)."""
+    NOTHING_TO_PAUSE = "nothing-to-pause"
+    """``spec.lifecycle.suspend`` set to true: the Sandbox is suspended already. Said
+    once."""
+
+
+def completed_request(
+    suspend: bool, last_suspend: bool | None, wake_value: str | None, last_wake: str | None
+) -> CompletedAnswer:
+    """What a Completed task answers to what the user asked through kubectl.
+
+    A Completed task has nothing to pause or resume: its agents finished their work, and
+    its checkpoint is kept for a new task to restore (``spec.resumeFrom``). Each request
+    is answered once: a wake value once (``status.lastWake``), a change of
+    ``spec.lifecycle.suspend`` once (``status.lastSuspend``: the value last answered, or
+    None before the task recorded one, when there is nothing to compare). A
+    ``drainctl wake``, which sets both, is one request."""
+    fresh_wake = bool(wake_value) and wake_value != last_wake
+    suspend_changed = last_suspend is not None and suspend != last_suspend
+    if fresh_wake or (suspend_changed and not suspend):
+        return CompletedAnswer.NOTHING_TO_RESUME
+    if suspend_changed:
+        return CompletedAnswer.NOTHING_TO_PAUSE
+    return CompletedAnswer.NOTHING
+
+
 # ----------------------------------------------------------------------------- Ready
 
 READY: Final = "Ready"
@@ -1082,7 +1199,10 @@ _NOT_READY_IN: Final[dict[str | None, tuple[str, str]]] = {
     Phase.RESUMING: ("Resuming", "waiting for the daemon to bring its agents back"),
     Phase.DRAINING: ("Draining", "draining agents to a checkpoint"),
     Phase.SUSPENDED: ("Paused", "paused: agents drained to a checkpoint, the Sandbox suspended"),
-    Phase.COMPLETED: ("Completed", "the task has completed"),
+    Phase.COMPLETED: (
+        "Completed",
+        "completed: every agent finished its work, checkpointed, the Sandbox suspended",
+    ),
     Phase.FAILED: ("Failed", "the task failed"),
 }
 """Every phase but Running: why the task is not Ready, and what that means."""

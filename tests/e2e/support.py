@@ -114,6 +114,28 @@ class DevStack(DevStackProcess):
         )  # fmt: skip
         return str(pinned).rpartition("/")[2]
 
+    def watch_passes(self, name: str, passes: int, namespace: str = "default") -> None:
+        """``passes`` reconcile passes over the task, each awaited by its
+        observedGeneration: each edits a field that changes nothing a task at rest runs
+        (the drain grace period), which bumps ``metadata.generation``, and the operator
+        writes the generation it saw only from a pass over the object."""
+        for n in range(passes):
+            task = self.task(namespace, name) or {}
+            grace = f"{31 + int(task.get('metadata', {}).get('generation') or 0)}s"
+            body = json.dumps({"spec": {"lifecycle": {"drainGracePeriod": grace}}})
+            self.kubectl("patch", "ctask", name, "-n", namespace, "--type=merge", "-p", body)
+
+            def observed(grace: str = grace) -> bool:
+                task = self.task(namespace, name) or {}
+                generation = task.get("metadata", {}).get("generation")
+                return (
+                    bool(generation)
+                    and task.get("status", {}).get("observedGeneration") == generation
+                    and task["spec"]["lifecycle"]["drainGracePeriod"] == grace
+                )
+
+            wait_until(observed, 60, f"{name}: a reconcile pass observing edit {n + 1}")
+
     def volume(self, namespace: str, pvc: str) -> Path:
         return self.state / "sandboxes" / "volumes" / namespace / pvc
 

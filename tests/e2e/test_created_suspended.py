@@ -2,9 +2,10 @@
 a Kubernetes Job created suspended never starts a pod: with the real kubectl against the
 dev stack's embedded defaults (embedded API and broker, SQLite ledger in a temp dir).
 
-"Nothing" is checked over several reconcile passes, counted by ``observedGeneration``:
-each spec edit bumps ``metadata.generation``, and the operator writes the generation it
-saw only from a pass over the object, so waiting for it proves a pass ran since.
+"Nothing" is checked over several reconcile passes, counted by ``observedGeneration``
+(``DevStack.watch_passes``): each spec edit bumps ``metadata.generation``, and the
+operator writes the generation it saw only from a pass over the object, so waiting for it
+proves a pass ran since.
 """
 
 from __future__ import annotations
@@ -48,24 +49,6 @@ def ready_of(status: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in status.get("conditions") or [] if c.get("type") == "Ready")
 
 
-def watch_passes(stack: DevStack, name: str, passes: int) -> None:
-    """``passes`` reconcile passes over the task, each awaited by its observedGeneration
-    (a spec edit that changes nothing it runs: the drain grace period)."""
-    for n in range(passes):
-        patch_lifecycle(stack, name, drainGracePeriod=f"{31 + n}s")
-
-        def observed(n: int = n) -> bool:
-            task = stack.task("default", name) or {}
-            generation = task.get("metadata", {}).get("generation")
-            return (
-                bool(generation)
-                and task.get("status", {}).get("observedGeneration") == generation
-                and task["spec"]["lifecycle"]["drainGracePeriod"] == f"{31 + n}s"
-            )
-
-        wait_until(observed, 60, f"{name}: a reconcile pass observing edit {n + 1}")
-
-
 def assert_nothing_started(stack: DevStack, name: str, says: str = "created suspended") -> None:
     status = stack.status("default", name)
     assert status["phase"] == "Suspended", status
@@ -93,7 +76,7 @@ def test_a_task_created_suspended_starts_nothing_until_suspend_is_false(stack: D
     name = "held-1"
     assert stack.apply(suspended(name)).returncode == 0
     stack.wait_phase("default", name, "Suspended")
-    watch_passes(stack, name, PASSES)
+    stack.watch_passes(name, PASSES)
     assert_nothing_started(stack, name)
 
     patch_lifecycle(stack, name, suspend=False)
@@ -141,7 +124,7 @@ def test_a_restore_created_suspended_restores_only_once_resumed(stack: DevStack)
 
     assert stack.apply(suspended(name, agents=1, ref=checkpoint.ref)).returncode == 0
     stack.wait_phase("default", name, "Suspended")
-    watch_passes(stack, name, PASSES)
+    stack.watch_passes(name, PASSES)
     assert_nothing_started(stack, name)
     assert f"restore checkpoint {checkpoint.ref}" in stack.status("default", name)["message"]
     # The retained workspace is not claimed by a task that runs nothing.
@@ -186,7 +169,7 @@ def test_a_wake_on_a_task_held_by_suspend_is_refused_out_loud_and_spent(
     assert "wake 'attach-1' not applied: spec.lifecycle.suspend is true" in held[0]["message"]
     status = stack.status("default", name)
     assert status["lastWake"] == "attach-1"  # spent: it will not resume a later pause
-    watch_passes(stack, name, 2)
+    stack.watch_passes(name, 2)
     assert_nothing_started(stack, name, says="not applied: spec.lifecycle.suspend is true")
     assert len([e for e in stack.events_of(name) if e["reason"] == "WakeHeld"]) == 1
     patch_lifecycle(stack, name, suspend=False)

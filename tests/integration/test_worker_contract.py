@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout
 from worker_agent.proto import AgentStatus
@@ -98,3 +100,71 @@ def test_sigterm_during_start_up_still_exits_cleanly(tmp_path: Path) -> None:
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert load_session(directory).turns == count_completed_turns(directory)
+
+
+def test_a_scripted_worker_told_then_exit_saves_its_turns_and_exits_zero_by_itself(
+    tmp_path: Path,
+) -> None:
+    """Tried: ``then=exit`` after two turns; the same session resumed with ``then=exit``
+    (nothing left to do: it exits at once) and with the default ``then=wait`` (it waits)."""
+    directory = tmp_path / "a1"
+    directory.mkdir()
+    worker = start_worker(directory, model="turns=2,turn_ms=10,then=exit")
+    assert worker.wait(30) == 0
+    session = load_session(directory)
+    assert session.turns == 2 == count_completed_turns(directory)
+    events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
+    assert [e["type"] for e in events[-2:]] == ["finished", "stopped"]
+    assert events[-1]["turns"] == 2
+
+    again = start_worker(directory, "--resume", model="turns=2,turn_ms=10,then=exit")
+    assert again.wait(30) == 0
+    assert load_session(directory).sha256 == session.sha256  # nothing re-run, nothing lost
+
+    waiting = start_worker(directory, "--resume", model="turns=2,turn_ms=10")
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(1.0)  # then=wait (the default): it waits for prompts
+    finally:
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(30) == 0
+
+
+def test_an_agent_whose_worker_finishes_by_itself_is_done(daemon: DaemonProcess) -> None:
+    """Tried: two agents spawned with ``turns=2,turn_ms=10,then=exit``, then a drain of
+    the daemon whose agents are all done: it answers clean refs of both at turn 2 and
+    they stay ``done`` (a drain stops nothing that already stopped)."""
+    ids = daemon.spawn(2, "turns=2,turn_ms=10,then=exit")
+    records = daemon.wait_for_status(ids, {AgentStatus.DONE})
+    assert {r.exit for r in records.values()} == {0}
+    assert {r.turns for r in records.values()} == {2}
+    with daemon.client() as client:
+        refs = client.drain(5.0)
+    assert sorted((r.id, r.turns, r.clean, r.exit) for r in refs) == sorted(
+        (i, 2, True, 0) for i in ids
+    )
+    assert {r.status for r in daemon.records().values()} == {AgentStatus.DONE}
+
+
+def test_a_turn_the_provider_cannot_answer_fails_the_agent_never_finishes_it(
+    daemon: DaemonProcess,
+) -> None:
+    """Tried: an agent on the openai provider whose endpoint refuses connections
+    (127.0.0.1 port 1). Exiting 0 would make it ``done`` — finished, never resumed, and a
+    task whose agents are all done completes — so it must exit non-zero: ``failed``."""
+    with daemon.client() as client:
+        agent_id = client.spawn(
+            provider="openai", model="m", initial_prompt="hello",
+            env={"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_TIMEOUT_SECS": "5"},
+        ).id  # fmt: skip
+    records = daemon.wait_for_status([agent_id], {AgentStatus.FAILED, AgentStatus.DONE})
+    assert records[agent_id].status is AgentStatus.FAILED
+    assert records[agent_id].exit == 5
+    directory = layout.agent_dir(daemon.store, agent_id)
+    stderr = layout.stderr_file(directory).read_text()
+    assert "turn 1 failed, stopping: chat completion at" in stderr
+    events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
+    assert [e["type"] for e in events if e["type"] in ("turn_failed", "finished")] == [
+        "turn_failed"
+    ]
+    assert load_session(directory).turns == 0  # the failed turn is re-run on resume

@@ -459,6 +459,28 @@ def test_suspended_task_whose_daemon_still_reports_live_agents_is_found() -> Non
     )
 
 
+def test_a_completed_task_still_running_is_found_as_a_suspended_one_is() -> None:
+    """Tried: Completed for 300 s (its compute released, as a pause releases it), its
+    Sandbox not suspended and a pod it controls still running."""
+    found = tasks_found(
+        suspended(phase=Phase.COMPLETED.value), sandboxes=(sandbox(suspended=False),),
+        pods=(pod("task-a-0"),),
+    )  # fmt: skip
+    assert kinds(found) == [FindingKind.SUSPENDED_NOT_STOPPED]
+    assert found[0].message == (
+        "phase Completed for 300s, but its Sandbox default/task-a-sbx is not suspended; pod "
+        "task-a-0 still runs"
+    )
+
+
+def test_a_completed_task_stopped_is_fine() -> None:
+    """Tried: Completed for 300 s, its Sandbox suspended, no pod, no heartbeat since."""
+    found = tasks_found(suspended(phase=Phase.COMPLETED.value),
+                        sandboxes=(sandbox(suspended=True),),
+                        activities=(heartbeat(age=300, agents_live=0),))  # fmt: skip
+    assert found == []
+
+
 def test_suspended_not_stopped_names_every_problem_in_one_finding() -> None:
     """Tried: all three at once: one finding, the problems joined."""
     found = tasks_found(suspended(), sandboxes=(sandbox(suspended=False),),

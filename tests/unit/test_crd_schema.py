@@ -396,10 +396,31 @@ def test_a_full_status_validates(schema: Schema) -> None:
     assert_valid(schema, obj)
 
 
+def test_a_completed_status_validates(schema: Schema) -> None:
+    obj = dict(
+        VALID,
+        status={
+            "phase": "Completed",
+            "checkpointRef": "ckpt-0123456789abcdef0123",
+            "completions": 2,
+            "lastSuspend": False,
+            "lastWake": None,
+            "agents": 0,
+            "lastOperation": {"id": "op-2", "kind": "complete", "state": "recorded"},
+            "conditions": [
+                {"type": "Completed", "status": "True", "reason": "AgentsDone", "message": "m"}
+            ],
+        },
+    )
+    assert_valid(schema, obj)
+
+
 @pytest.mark.parametrize(
     ("path", "value"),
     [
         ("status.phase", "Paused"),
+        ("status.completions", -1),
+        ("status.lastSuspend", "yes"),
         ("status.idleSince", "yesterday"),
         ("status.conditions", [{"type": "Ready", "status": 1}]),
         ("status.conditions", [{"type": "Ready"}]),

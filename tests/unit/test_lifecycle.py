@@ -17,6 +17,7 @@ import pytest
 from orchestrator.ledger import ActivityView, OperationKind, OperationState
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, SANDBOX_V1BETA1
 from orchestrator.operator.lifecycle import (
+    COMPLETION_RETRY_SECS,
     CRASH_LOOP_LIMIT,
     CREATED_SUSPENDED,
     HEARTBEATS_MISSED_BEFORE_SILENT,
@@ -25,6 +26,9 @@ from orchestrator.operator.lifecycle import (
     RECOVERY_STREAK_RESET_SECS,
     AgentCounts,
     Availability,
+    CompletedAnswer,
+    CompletionDecision,
+    CompletionStep,
     ConditionChange,
     DeleteAction,
     IdleReport,
@@ -44,9 +48,13 @@ from orchestrator.operator.lifecycle import (
     adopts_pause_drain,
     availability,
     choose_snapshot_class,
+    completed_request,
+    completing,
+    completion_step,
     condition,
     decide_delete,
     default_sandbox_api_version,
+    every_agent_done,
     idle_report,
     idle_secs,
     launch_step,
@@ -206,6 +214,7 @@ def test_upstream_values_and_nulls_keep_their_meaning(
 
 REL = DeleteAction.RELEASE
 KEEP = DeleteAction.KEEP_PAUSE_CHECKPOINT
+KEEPC = DeleteAction.KEEP_COMPLETED_CHECKPOINT
 START = DeleteAction.START_DRAIN
 WAIT = DeleteAction.WAIT
 REC = DeleteAction.RECORDED
@@ -221,7 +230,7 @@ DRAIN_STATES = [
 ]
 # Each row: what the finalizer does in that phase, by the state of the deletion's drain.
 # The first two columns are the drain not begun, without and with a status.checkpointRef
-# (a paused task's); the ref changes nothing once the drain has begun. A pending drain
+# (a paused or completed task's); the ref changes nothing once the drain has begun. A pending drain
 # was begun in the ledger and never sent (its operator died in between): it is started
 # again under its key.
 #                        not begun    pending draining drained recorded forced failed
@@ -234,7 +243,7 @@ CHECKPOINT_WITHIN_TIMEOUT = {  # onDelete: checkpoint, drain begun < drainTimeou
     Phase.DRAINING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
     Phase.SUSPENDED:    (START, KEEP, START,   WAIT,    WAIT,   REC,     REC,   FORCE),
     Phase.RESUMING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.COMPLETED:    (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    Phase.COMPLETED:    (START, KEEPC, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
     Phase.FAILED:       (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
 }  # fmt: skip
 CHECKPOINT_PAST_TIMEOUT = {  # onDelete: checkpoint, drain begun >= drainTimeout ago
@@ -245,7 +254,7 @@ CHECKPOINT_PAST_TIMEOUT = {  # onDelete: checkpoint, drain begun >= drainTimeout
     Phase.DRAINING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
     Phase.SUSPENDED:    (START, KEEP, FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
     Phase.RESUMING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.COMPLETED:    (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    Phase.COMPLETED:    (START, KEEPC, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
     Phase.FAILED:       (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
 }  # fmt: skip
 ON_DELETE_DELETE = {  # onDelete: delete, whatever else holds
@@ -340,13 +349,15 @@ ADOPTED_PAUSE_STATES = [
 @pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
 @pytest.mark.parametrize("kind", [None, *OperationKind], ids=lambda k: str(k or "no-op"))
 @pytest.mark.parametrize("state", [None, *OperationState], ids=lambda s: str(s or "none"))
-def test_a_deletion_during_a_pause_drain_takes_that_drain_over(
+def test_a_deletion_during_a_pause_or_completion_drain_takes_that_drain_over(
     phase: Phase | None, kind: OperationKind | None, state: OperationState | None
 ) -> None:
-    # Only a Draining task whose last operation is a pause that has not failed: any other
-    # deletion drains for itself (a failed pause drained nothing).
+    # Only a Draining task whose last operation is a pause or a completion that has not
+    # failed: any other deletion drains for itself (a failed one drained nothing).
     expected = (
-        phase is Phase.DRAINING and kind is OperationKind.PAUSE and state in ADOPTED_PAUSE_STATES
+        phase is Phase.DRAINING
+        and kind in (OperationKind.PAUSE, OperationKind.COMPLETE)
+        and state in ADOPTED_PAUSE_STATES
     )
     assert adopts_pause_drain(phase, kind, state) is expected
 
@@ -629,6 +640,8 @@ UID = "0c5a1e9e-7f3b-4c1a-9d2e-5b6f7a8c9d0e"
         pytest.param(Purpose.RECOVER, 0, f"{UID}:recover:0", id="recover-seq-0"),
         pytest.param(Purpose.RECOVER, 41, f"{UID}:recover:41", id="recover"),
         pytest.param(Purpose.SCALE, 2, f"{UID}:scale:2", id="scale"),
+        pytest.param(Purpose.COMPLETE, 1, f"{UID}:complete:1", id="first-completion"),
+        pytest.param(Purpose.COMPLETE, 2, f"{UID}:complete:2", id="completion-retried"),
     ],
 )
 def test_operation_keys_are_the_uid_the_purpose_and_which_one(
@@ -647,6 +660,7 @@ def test_operation_keys_are_the_uid_the_purpose_and_which_one(
         pytest.param(Purpose.RESUME, None, id="a-resume-without-its-checkpoint"),
         pytest.param(Purpose.RECOVER, None, id="a-recovery-without-its-heartbeat"),
         pytest.param(Purpose.SCALE, None, id="a-scale-without-its-count"),
+        pytest.param(Purpose.COMPLETE, None, id="a-completion-without-its-attempt"),
     ],
 )
 def test_an_operation_key_names_which_repetition_exactly_when_the_purpose_repeats(
@@ -952,8 +966,20 @@ def test_a_snapshot_times_out_only_past_its_timeout() -> None:
                                      "suspended: suspended with checkpoint ck-1"),
                      id="suspended-is-paused"),
         pytest.param("Completed", None, None,
-                     ConditionChange("Ready", False, "Completed", "the task has completed"),
+                     ConditionChange("Ready", False, "Completed",
+                                     "completed: every agent finished its work, checkpointed, "
+                                     "the Sandbox suspended"),
                      id="completed"),
+        pytest.param("Completed", AgentCounts(total=2, live=0, done=2), "checkpoint ck-9",
+                     ConditionChange("Ready", False, "Completed",
+                                     "completed: every agent finished its work, checkpointed, "
+                                     "the Sandbox suspended: checkpoint ck-9"),
+                     id="completed-with-its-checkpoint"),
+        pytest.param("Running", AgentCounts(total=2, live=0, done=2), None,
+                     ConditionChange("Ready", False, "AgentsFinished",
+                                     "Running, but not every agent is live: 0 of 2 agents live, "
+                                     "2 stopped on purpose or finished"),
+                     id="running-every-agent-done-before-it-completes"),
         pytest.param("Failed", None, "unknown checkpoint ref 'nope'",
                      ConditionChange("Ready", False, "Failed",
                                      "the task failed: unknown checkpoint ref 'nope'"),
@@ -1291,3 +1317,180 @@ def test_existing_sandboxes_imply_operating_on_them(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("DRAIN_MANAGE_SANDBOX", raising=False)
     settings = Settings()
     assert settings.existing_sandboxes and settings.manage_sandbox
+
+
+# ------------------------------------------------------------------------ completion
+
+DONE_2 = AgentCounts(total=2, live=0, done=2)
+COMPLETE = CompletionDecision(CompletionStep.COMPLETE)
+NOT_DONE = CompletionDecision(CompletionStep.NOT_DONE)
+K_COMPLETE, K_PAUSE = OperationKind.COMPLETE, OperationKind.PAUSE
+S_FAILED, S_RECORDED = OperationState.FAILED, OperationState.RECORDED
+
+
+@pytest.mark.parametrize(
+    ("counts", "done"),
+    [
+        pytest.param(None, False, id="no-heartbeat"),
+        pytest.param(AgentCounts(total=0, live=0), False, id="no-agents"),
+        pytest.param(AgentCounts(total=2, live=0, done=2), True, id="every-agent-done"),
+        pytest.param(AgentCounts(total=1, live=0, done=1), True, id="the-only-agent-done"),
+        pytest.param(AgentCounts(total=2, live=1, done=1), False, id="one-still-live"),
+        pytest.param(AgentCounts(total=2, live=0, done=1), False, id="one-killed-by-a-user"),
+        pytest.param(AgentCounts(total=2, live=0, interrupted=1, done=1), False,
+                     id="one-interrupted"),
+        pytest.param(AgentCounts(total=2, live=0), False, id="both-killed"),
+        pytest.param(AgentCounts(total=2, live=0, interrupted=2), False, id="both-interrupted"),
+    ],
+)  # fmt: skip
+def test_a_tasks_work_is_over_only_when_every_one_of_its_agents_is_done(
+    counts: AgentCounts | None, done: bool
+) -> None:
+    assert every_agent_done(counts) is done
+
+
+def _finished(secs_ago: float) -> datetime:
+    return NOW - timedelta(seconds=secs_ago)
+
+
+@pytest.mark.parametrize(
+    ("counts", "silent", "attempts", "kind", "state", "finished", "decision"),
+    [
+        pytest.param(DONE_2, False, 0, None, None, None, COMPLETE, id="first-time-all-done"),
+        pytest.param(DONE_2, False, 0, OperationKind.RESTORE, OperationState.RESUMED,
+                     _finished(1), COMPLETE, id="all-done-right-after-a-restore"),
+        pytest.param(DONE_2, False, 1, K_PAUSE, S_FAILED, _finished(1), COMPLETE,
+                     id="a-failed-pause-is-no-reason-to-wait"),
+        pytest.param(DONE_2, True, 0, None, None, None, NOT_DONE,
+                     id="silent-daemon-nothing-known"),
+        pytest.param(None, False, 0, None, None, None, NOT_DONE, id="no-heartbeat"),
+        pytest.param(AgentCounts(total=2, live=0, done=1), False, 0, None, None, None, NOT_DONE,
+                     id="one-killed-is-not-finished-work"),
+        pytest.param(AgentCounts(total=2, live=0, interrupted=1, done=1), False, 0, None, None,
+                     None, NOT_DONE, id="one-interrupted-is-recovered-not-completed"),
+        pytest.param(AgentCounts(total=2, live=1, done=1), False, 0, None, None, None, NOT_DONE,
+                     id="one-still-working"),
+        pytest.param(DONE_2, False, 1, K_COMPLETE, S_FAILED, _finished(4),
+                     CompletionDecision(CompletionStep.RETRY_LATER, 6.0),
+                     id="first-failure-waits-10s"),
+        pytest.param(DONE_2, False, 1, K_COMPLETE, S_FAILED, _finished(10), COMPLETE,
+                     id="first-failure-retried-after-10s"),
+        pytest.param(DONE_2, False, 2, K_COMPLETE, S_FAILED, _finished(10),
+                     CompletionDecision(CompletionStep.RETRY_LATER, 20.0),
+                     id="second-failure-waits-30s"),
+        pytest.param(DONE_2, False, 9, K_COMPLETE, S_FAILED, _finished(200),
+                     CompletionDecision(CompletionStep.RETRY_LATER, 100.0),
+                     id="later-failures-wait-300s"),
+        pytest.param(DONE_2, False, 9, K_COMPLETE, S_FAILED, _finished(300), COMPLETE,
+                     id="later-failures-retried-after-300s"),
+        pytest.param(DONE_2, False, 1, K_COMPLETE, S_FAILED, None, COMPLETE,
+                     id="failure-time-unknown-retries"),
+        pytest.param(DONE_2, False, 1, K_COMPLETE, S_RECORDED, _finished(1), COMPLETE,
+                     id="recorded-but-running-again-after-a-restore-of-itself"),
+        pytest.param(AgentCounts(total=2, live=0, done=1), False, 1, K_COMPLETE, S_FAILED,
+                     _finished(1), NOT_DONE, id="failed-then-not-all-done-any-more"),
+    ],
+)  # fmt: skip
+def test_a_running_task_completes_when_every_agent_is_done_and_retries_a_failed_completion(
+    counts: AgentCounts | None, silent: bool, attempts: int, kind: OperationKind | None,
+    state: OperationState | None, finished: datetime | None, decision: CompletionDecision,
+) -> None:  # fmt: skip
+    got = completion_step(
+        counts, silent=silent, attempts=attempts, last_kind=kind, last_state=state,
+        last_finished_at=finished, now=NOW,
+    )  # fmt: skip
+    assert got == decision
+
+
+def test_completion_retries_back_off_to_five_minutes() -> None:
+    assert COMPLETION_RETRY_SECS == (10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def test_a_task_whose_agents_are_all_done_is_idle_yet_completes_rather_than_pausing() -> None:
+    """The daemon reports a task whose agents are all done as idle (``summarize``): the
+    idle pause alone would pause it; completion is decided first and wins, and while it
+    waits to retry the pass decides nothing else."""
+    task = spec(idleTimeout="1m")
+    idle = received(idle_for=600.0, secs_ago=1.0)
+    assert should_idle_pause(task, Phase.RUNNING, idle, NOW, GAP) is True
+    first = completion_step(DONE_2, silent=False, attempts=0, last_kind=None, last_state=None,
+                            last_finished_at=None, now=NOW)  # fmt: skip
+    assert first.step is CompletionStep.COMPLETE
+    retry = completion_step(
+        DONE_2, silent=False, attempts=1, last_kind=K_COMPLETE, last_state=S_FAILED,
+        last_finished_at=_finished(1), now=NOW,
+    )  # fmt: skip
+    assert retry.step is CompletionStep.RETRY_LATER
+
+
+@pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
+@pytest.mark.parametrize("kind", [None, *OperationKind], ids=lambda k: str(k or "no-op"))
+def test_a_draining_task_is_completing_only_when_its_drain_is_a_completions(
+    phase: Phase | None, kind: OperationKind | None
+) -> None:
+    expected = phase is Phase.DRAINING and kind is OperationKind.COMPLETE
+    assert completing(phase, kind) is expected
+
+
+NOTHING = CompletedAnswer.NOTHING
+NO_RESUME = CompletedAnswer.NOTHING_TO_RESUME
+NO_PAUSE = CompletedAnswer.NOTHING_TO_PAUSE
+
+
+@pytest.mark.parametrize(
+    ("suspend", "last_suspend", "wake", "last_wake", "answer"),
+    [
+        pytest.param(False, False, None, None, NOTHING, id="at-rest"),
+        pytest.param(False, False, "w1", "w1", NOTHING, id="a-spent-wake"),
+        pytest.param(False, False, "w2", "w1", NO_RESUME, id="a-new-wake"),
+        pytest.param(False, False, "w1", None, NO_RESUME, id="a-first-wake"),
+        pytest.param(False, False, "", None, NOTHING, id="an-empty-wake"),
+        pytest.param(True, False, None, None, NO_PAUSE, id="suspend-set-true"),
+        pytest.param(True, True, None, None, NOTHING, id="suspend-true-answered"),
+        pytest.param(False, True, None, None, NO_RESUME, id="suspend-set-false"),
+        pytest.param(False, True, "w2", "w1", NO_RESUME, id="drainctl-wake-is-one-request"),
+        pytest.param(True, False, "w2", "w1", NO_RESUME, id="a-wake-while-suspend-is-set"),
+        pytest.param(True, None, None, None, NOTHING, id="nothing-recorded-to-compare"),
+        pytest.param(False, None, None, None, NOTHING, id="nothing-recorded-default"),
+    ],
+)  # fmt: skip
+def test_a_completed_task_answers_a_wake_or_suspend_once_with_nothing_to_do(
+    suspend: bool, last_suspend: bool | None, wake: str | None, last_wake: str | None,
+    answer: CompletedAnswer,
+) -> None:  # fmt: skip
+    assert completed_request(suspend, last_suspend, wake, last_wake) is answer
+
+
+@pytest.mark.parametrize(
+    ("suspend", "paused_by", "wake", "last_wake"),
+    [(False, None, None, None), (True, None, None, None), (False, None, "w2", "w1"),
+     (True, "manual", "w2", "w1"), (False, "idle", "w3", None)],
+)  # fmt: skip
+def test_kubectl_never_pauses_or_resumes_a_completed_task(
+    suspend: bool, paused_by: str | None, wake: str | None, last_wake: str | None
+) -> None:
+    task = spec(suspend=suspend)
+    assert wanted_transition(task, Phase.COMPLETED, paused_by, wake, last_wake) is Wanted.NOTHING
+
+
+@pytest.mark.parametrize(
+    ("on_delete", "ref", "state", "expected"),
+    [
+        pytest.param("checkpoint", "ck-done", None, DeleteAction.KEEP_COMPLETED_CHECKPOINT,
+                     id="the-completed-checkpoint-is-kept-no-second-drain"),
+        pytest.param("delete", "ck-done", None, DeleteAction.RELEASE,
+                     id="on-delete-delete-releases"),
+        pytest.param("checkpoint", None, None, DeleteAction.START_DRAIN,
+                     id="no-ref-drains-as-any-other"),
+        pytest.param("checkpoint", "ck-done", OperationState.RECORDED, DeleteAction.RECORDED,
+                     id="a-drain-begun-is-followed"),
+    ],
+)  # fmt: skip
+def test_deleting_a_completed_task_keeps_its_checkpoint_and_releases_at_once(
+    on_delete: str, ref: str | None, state: OperationState | None, expected: DeleteAction
+) -> None:
+    action = decide_delete(
+        spec(onDelete=on_delete), phase=Phase.COMPLETED, checkpoint_ref=ref, op_state=state,
+        drain_started=NOW - timedelta(seconds=1), now=NOW,
+    )  # fmt: skip
+    assert action is expected

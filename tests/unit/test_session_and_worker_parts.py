@@ -86,6 +86,8 @@ def test_scripted_model_defaults_and_keys() -> None:
     assert parse_scripted_model(" turns=2 , turn_ms=5 ,sigterm=ignore") == ScriptedConfig(
         turns=2, turn_ms=5, ignore_sigterm=True
     )
+    assert parse_scripted_model("turns=2,then=exit") == ScriptedConfig(turns=2, then_exit=True)
+    assert parse_scripted_model("then=wait") == ScriptedConfig(then_exit=False)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +98,9 @@ def test_scripted_model_defaults_and_keys() -> None:
         ("turn_ms=-5", "not a whole number"),
         ("colour=blue", "unknown key 'colour'"),
         ("sigterm=maybe", "ignore or honour"),
+        ("then=stop", r"then='stop': use wait .* or exit"),
+        ("then=", r"then='': use wait .* or exit"),
+        ("when=exit", "unknown key 'when'; known: turns, turn_ms, sigterm, then"),
     ],
 )
 def test_bad_scripted_models_are_refused(model: str, complaint: str) -> None:
