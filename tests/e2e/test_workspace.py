@@ -257,6 +257,9 @@ def test_a_workspace_task_clones_once_reaches_its_model_and_leaks_no_key(
     repo.rename(repo.with_name("moved-away"))
     patch_spec(stack, "refactor-auth", {"lifecycle": {"suspend": True}})
     stack.wait_phase("default", "refactor-auth", "Suspended", timeout=120)
+    # The pod really goes (the Sandbox controller acts on the suspension on its next
+    # look): resumed at once, the same pod could carry on and no new one would start.
+    wait_until(lambda: not stack.daemon_pids(pvc), 60, "the suspended pod to be gone")
     patch_spec(stack, "refactor-auth", {"lifecycle": {"suspend": False}})
     stack.wait_phase("default", "refactor-auth", "Running", timeout=120)
     log = pod_log.read_text()
