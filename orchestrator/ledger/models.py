@@ -205,8 +205,19 @@ class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (
         CheckConstraint(_one_of("reason", CheckpointReason), name="reason"),
-        Index("ix_checkpoints_namespace_name", "namespace", "name"),
-        Index("ix_checkpoints_namespace_pvc_name", "namespace", "pvc_name"),
+        # Every read of checkpoints is newest first (``created_at DESC, id DESC``): each
+        # index ends in that order, so a read stops at its limit instead of sorting.
+        Index("ix_checkpoints_created_at_id", "created_at", "id"),
+        Index(
+            "ix_checkpoints_namespace_name_created_at_id", "namespace", "name", "created_at", "id"
+        ),
+        Index(
+            "ix_checkpoints_namespace_pvc_name_created_at_id",
+            "namespace",
+            "pvc_name",
+            "created_at",
+            "id",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=True)

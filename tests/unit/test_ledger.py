@@ -958,3 +958,38 @@ def test_only_sqlite_and_postgresql_urls_make_a_ledger() -> None:
     assert "secret" not in str(raised.value)
     with pytest.raises(ValueError, match="not a SQLAlchemy URL"):
         Ledger.from_url("not a url")
+
+
+@pytest.mark.parametrize(
+    ("where", "index"),
+    [
+        pytest.param((), "ix_checkpoints_created_at_id", id="a-page-of-ledger-ls"),
+        pytest.param((Checkpoint.namespace == "default", Checkpoint.name == "task-a"),
+                     "ix_checkpoints_namespace_name_created_at_id", id="a-tasks-latest"),
+        pytest.param((Checkpoint.namespace == "default", Checkpoint.pvc_name == "ws-a"),
+                     "ix_checkpoints_namespace_pvc_name_created_at_id", id="a-pvcs-newest"),
+    ],
+)  # fmt: skip
+def test_newest_first_reads_of_checkpoints_walk_an_index_and_never_sort(
+    sqlite_at_head: Path, where: tuple[Any, ...], index: str
+) -> None:
+    """The ledger's reads of checkpoints (``list_checkpoints``, ``latest_checkpoint``,
+    ``newest_checkpoint_of_pvc``) are newest first with a limit: on 1,000,000 rows a sort
+    made a page of ``drainctl ledger ls`` 125 ms (migration 0008)."""
+    query = (
+        select(Checkpoint)
+        .where(*where)
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())
+        .limit(50)
+    )
+    engine = create_engine(f"sqlite:///{sqlite_at_head}", poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(
+                str(row[-1]) for row in connection.execute(text(f"EXPLAIN QUERY PLAN {sql}"))
+            )
+    finally:
+        engine.dispose()
+    assert index in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
