@@ -61,17 +61,20 @@ class DaemonsPerWorkspace:
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _daemons(self) -> list[str]:
-        found = []
+        found: dict[int, tuple[int, str]] = {}
         for pid in self.stack.daemon_pids(self.pvc):
             try:
-                argv = psutil.Process(pid).cmdline()
+                process = psutil.Process(pid)
+                argv, parent = process.cmdline(), process.ppid()
             except psutil.Error:
                 continue
             # The pod's reaper carries the daemon's argv after ``--``, the daemon's
             # consumer names the store too: count the daemon itself.
             if "daemon" in argv and not NOT_DAEMONS & set(argv):
-                found.append(f"pid {pid}: {' '.join(argv)}")
-        return found
+                found[pid] = (parent, f"pid {pid}: {' '.join(argv)}")
+        # A child the daemon has forked and not yet exec'd (an agent's worker being
+        # launched) still shows the daemon's argv for that instant: it is not a daemon.
+        return [line for parent, line in found.values() if parent not in found]
 
     def _watch(self) -> None:
         while not self.done.wait(0.1):
