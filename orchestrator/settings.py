@@ -45,7 +45,16 @@ class Settings(BrokerSettings):
     """How often the orchestrator worker fails operations past their deadline."""
 
     reconcile_interval_secs: float = Field(default=2.0, gt=0)
-    """How often the operator re-examines each CalibanTask (idle, pause, wake, phase)."""
+    """How often the operator re-examines a CalibanTask while something is on its way for
+    it (provisioning, an operation, a resume, a backoff). A task at rest is examined on
+    events only: a change of the object, a heartbeat that says something new, an
+    operation that moved, a deadline (``operator.pacing``)."""
+    resync_interval_secs: float = Field(default=300.0, gt=0)
+    """How often the operator re-examines every CalibanTask whatever happened: the safety
+    net under its events."""
+    event_feed_interval_secs: float = Field(default=0.5, gt=0)
+    """How often the operator asks the ledger what was stored since it last looked
+    (heartbeats, operations that moved): one read for the whole fleet."""
     manage_sandbox: bool = False
     """Provision each task's Sandbox and workspace PVC (``--manage-sandbox``)."""
     existing_sandboxes: bool = False

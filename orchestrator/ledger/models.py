@@ -173,6 +173,7 @@ class Operation(Base):
         Index("ix_operations_task_uid", "task_uid"),
         Index("ix_operations_checkpoint_ref", "checkpoint_ref"),
         Index("ix_operations_deadline_at", "deadline_at"),
+        Index("ix_operations_updated_at", "updated_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -274,6 +275,7 @@ class DaemonActivity(Base):
     """The newest heartbeat of one daemon (one Sandbox), by its sequence number."""
 
     __tablename__ = "daemon_activity"
+    __table_args__ = (Index("ix_daemon_activity_received_at", "received_at"),)
 
     namespace: Mapped[str] = mapped_column(String(NAMESPACE_MAX), primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)

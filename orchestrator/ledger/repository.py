@@ -219,6 +219,17 @@ class CheckpointView:
 
 
 @dataclass(frozen=True, slots=True)
+class OperationMove:
+    """An operation as the operator's event feed sees it: whose it is and where it is."""
+
+    id: str
+    namespace: str
+    name: str
+    state: OperationState
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ActivityView:
     namespace: str
     name: str
@@ -790,6 +801,41 @@ class Ledger:
         with self._sessions.begin() as session:
             query = select(func.count()).where(Checkpoint.unavailable.is_(None))
             return int(session.scalar(query.select_from(Checkpoint)) or 0)
+
+    # ------------------------------------------------------------------ event feed
+    # What the operator's feed (``orchestrator.operator.events``) reads instead of every
+    # task's rows on a timer: what arrived since a moment, oldest first, in bounded pages.
+
+    def activity_received_since(self, after: datetime, limit: int) -> list[ActivityView]:
+        """Up to ``limit`` heartbeats stored after ``after`` (by ``received_at``)."""
+        query = (
+            select(DaemonActivity)
+            .where(DaemonActivity.received_at > after)
+            .order_by(DaemonActivity.received_at)
+            .limit(_limit(limit))
+        )
+        with self._sessions.begin() as session:
+            return [_activity_view(row) for row in session.scalars(query)]
+
+    def operations_moved_since(self, after: datetime, limit: int) -> list[OperationMove]:
+        """Up to ``limit`` operations whose row changed after ``after`` (``updated_at``)."""
+        query = (
+            select(
+                Operation.id,
+                Operation.namespace,
+                Operation.name,
+                Operation.state,
+                Operation.updated_at,
+            )
+            .where(Operation.updated_at > after)
+            .order_by(Operation.updated_at)
+            .limit(_limit(limit))
+        )
+        with self._sessions.begin() as session:
+            return [
+                OperationMove(id_, namespace, name, OperationState(state), updated_at)
+                for id_, namespace, name, state, updated_at in session.execute(query)
+            ]
 
     def list_activities(self) -> list[ActivityView]:
         """Every daemon's newest heartbeat (one row per Sandbox)."""

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import kopf
 from kubernetes.utils import parse_quantity
@@ -46,7 +46,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import CHECKPOINTED_STATES, TERMINAL_STATES
-from orchestrator.operator import children, crd, kube, permissions, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import children, crd, events, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
@@ -99,6 +99,16 @@ from orchestrator.operator.lifecycle import (
     snapshot_timed_out,
     status_patch,
     wanted_transition,
+)
+from orchestrator.operator.pacing import (
+    Beat,
+    Rest,
+    RunningWatch,
+    beat_of,
+    beat_signature,
+    newer,
+    next_look,
+    streak_resets_at,
 )
 from orchestrator.pipeline import start as pipeline
 from orchestrator.pipeline.app import app, daemon_queue
@@ -254,6 +264,10 @@ class Reconciler:
         self.now = _now()
         self.counts: AgentCounts | None = None
         """The daemon's latest heartbeat as this pass read it, for ``Ready``."""
+        self.beat: Beat | None = None
+        """The newest heartbeat this pass read, for its steward's deadlines."""
+        self.rest: Rest | None = None
+        """How the pass left the task (``pacing``): None while something is on its way."""
 
     # -- status writing
 
@@ -357,6 +371,8 @@ class Reconciler:
             await self.while_suspended(spec)
         elif phase == Phase.COMPLETED:
             self.while_completed(spec)
+        elif phase == Phase.FAILED:
+            self.rest = Rest()  # a changed spec (an event) is what tries it again
         await self.guard_operation_in_progress()
 
     async def resolve_sandbox_version(self, spec: TaskSpec) -> TaskSpec:
@@ -506,6 +522,7 @@ class Reconciler:
         changed spec tries again (``retries_failure``)."""
         self.set_status(failedGeneration=self.meta.get("generation"))
         self.set_phase(Phase.FAILED, message)
+        self.rest = Rest()
 
     async def hold_created_suspended(self, spec: TaskSpec) -> None:
         """A task created with ``suspend: true``: nothing is created or started until the
@@ -521,6 +538,7 @@ class Reconciler:
             "created suspended (spec.lifecycle.suspend is true): nothing started; set "
             f"suspend to false (drainctl wake) to {then}"
         ))  # fmt: skip
+        self.rest = Rest()
 
     async def restore_source(
         self, checkpoint: CheckpointView, spec: TaskSpec
@@ -937,6 +955,7 @@ class Reconciler:
         activity = await _ledger_call(self.ledger.get_activity, self.namespace, self.name)
         if activity is None or (activity.task_uid not in (None, self.uid)):
             return None
+        self.beat = newer(self.beat, beat_of(activity))
         return activity
 
     def recovery_history(self) -> RecoveryHistory:
@@ -1058,6 +1077,13 @@ class Reconciler:
             bridge = self.settings.heartbeat_gap_secs
             if should_idle_pause(spec, Phase.RUNNING, idle_report(fresh), self.now, bridge):
                 await self.start_pause(spec, "idle")
+                return
+            history = self.recovery_history()
+            self.rest = Rest(RunningWatch(
+                beat_signature(activity), spec.idle_timeout_secs,
+                streak_resets_at(0 if decision.streak_over else history.streak,
+                                 history.last_at),
+            ))  # fmt: skip
             return
         # Stopped or unknown agents are never idle: nothing to pause.
         self.set_status(idleSince=None)
@@ -1370,6 +1396,7 @@ class Reconciler:
     def while_completed(self, spec: TaskSpec) -> None:
         """A wake or a change of ``spec.lifecycle.suspend`` is answered once: there is
         nothing to resume or pause (``completed_request``)."""
+        self.rest = Rest()
         wake = self.wake_value()
         answer = completed_request(spec.suspend, self.status.get("lastSuspend"), wake,
                                    self.status.get("lastWake"))  # fmt: skip
@@ -1416,6 +1443,8 @@ class Reconciler:
             self.set_status(pausedBy=None, lastWake=wake)
             await self.provision(spec)
             return
+        if wanted is not Wanted.RESUME:
+            self.rest = Rest()
         if wanted is Wanted.WAKE_HELD:
             self.wake_held(wake)
             return
@@ -1443,12 +1472,127 @@ class Reconciler:
         self.set_phase(Phase.RESUMING, f"resuming from checkpoint {ref}")
 
 
-# One level-triggered timer per task (its first tick comes at once): event handlers would
-# race it, as kopf runs timers beside them.
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=get_settings().reconcile_interval_secs)
-async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    with permissions.forbidden_reported(_warn_forbidden(body)):
-        await Reconciler(body, patch, get_ledger(), get_settings()).run()
+# ---------------------------------------------------------------- the steward
+# One steward per task (a kopf daemon) runs its passes one after another, so no two
+# passes over a task ever race; between passes it sleeps until an event wakes it or a
+# deadline falls due (``operator.events``, ``operator.pacing``). A task at rest costs
+# nothing but its sleeping coroutine.
+
+STEWARDS = events.Stewards()
+STEWARD_EXIT_POLL_SECS = 0.1
+"""How often kopf looks whether a deleted task's steward has finished its pass (it
+exits at once when asleep): the finalizer is not released before it has."""
+_feed_task: asyncio.Task[None] | None = None
+
+
+def _noticed(body: kopf.Body) -> tuple[object, ...]:
+    """What of the object itself a pass reads apart from its own status (the spec by its
+    generation, the wake annotation, the labels its children carry, a deletion): a watch
+    event that changes none of it (the status a pass wrote, kopf's own annotations)
+    wakes nobody."""
+    return (
+        body.meta.get("generation"),
+        body.meta.annotations.get(crd.WAKE_ANNOTATION),
+        tuple(sorted(body.meta.labels.items())),
+        body.meta.get("deletionTimestamp"),
+    )
+
+
+def _freshest(live: kopf.Body, written: dict[str, Any] | None) -> dict[str, Any]:
+    """The newer of the watched object and what the steward's last patch answered: the
+    watch may not have delivered that patch yet, and a pass must read its own status."""
+    current = dict(live)
+    if written is None:
+        return current
+    try:
+        mine = int(written["metadata"]["resourceVersion"])
+        seen = int(current["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return current
+    return written if mine > seen else current
+
+
+@kopf.on.startup()
+async def start_feed(**_: Any) -> None:
+    global _feed_task
+    _feed_task = asyncio.create_task(
+        events.feed(get_ledger(), STEWARDS, get_settings().event_feed_interval_secs),
+        name="ledger event feed",
+    )
+
+
+@kopf.on.cleanup()
+async def stop_feed(**_: Any) -> None:
+    if _feed_task is not None:
+        _feed_task.cancel()
+
+
+@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+def noticed(body: kopf.Body, **_: Any) -> None:
+    box = STEWARDS.boxes.get((str(body.meta.namespace), str(body.meta.name)))
+    if box is not None and box.noticed != _noticed(body):
+        STEWARDS.look((str(body.meta.namespace), str(body.meta.name)))
+
+
+@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_polling=STEWARD_EXIT_POLL_SECS)
+async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    key = (str(body.meta.namespace), str(body.meta.name))
+    box = STEWARDS.open(key)
+    settings = get_settings()
+    written: dict[str, Any] | None = None
+    try:
+        while not stopped:
+            box.look = False
+            current = kopf.Body(cast(kopf.RawBody, _freshest(body, written)))
+            box.noticed = _noticed(current)
+            rest, written = await _one_pass(current, settings, written)
+            box.beat = newer(box.beat, rest[1])
+            while not stopped:
+                box.wake.clear()
+                if box.look:
+                    break
+                secs = next_look(
+                    _now(), rest[0], box.beat, follow_up_secs=settings.reconcile_interval_secs,
+                    resync_secs=settings.resync_interval_secs,
+                    heartbeat_interval_secs=settings.heartbeat_interval_secs,
+                    bridge_secs=settings.heartbeat_gap_secs,
+                )  # fmt: skip
+                if secs <= 0 or not await _nap(box.wake, stopped, secs):
+                    break  # due now, or fell due asleep
+    finally:
+        STEWARDS.close(key)
+
+
+async def _one_pass(
+    body: kopf.Body, settings: Settings, written: dict[str, Any] | None
+) -> tuple[tuple[Rest | None, Beat | None], dict[str, Any] | None]:
+    """A pass over the task and its status written: how it left the task, the heartbeat
+    it read, and the object as the status patch left it. A pass that fails is logged
+    and tried again after ``reconcile_interval_secs``, as something on its way."""
+    patch = kopf.Patch()
+    r = Reconciler(body, patch, get_ledger(), settings)
+    try:
+        with permissions.forbidden_reported(_warn_forbidden(body)):
+            await r.run()
+        status = dict(patch.get("status") or {})
+        if status:
+            written = await kube.patch_task_status(r.namespace, r.name, status)
+        return (r.rest, r.beat), written
+    except Exception:
+        log.exception("pass over %s/%s failed; trying again", r.namespace, r.name)
+        return (None, r.beat), written
+
+
+async def _nap(wake: asyncio.Event, stopped: kopf.DaemonStopped, secs: float) -> bool:
+    """Sleep ``secs``, or until ``wake`` is set or kopf stops the steward; False when
+    the whole ``secs`` went by."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=secs, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return bool(done)
 
 
 def _warn_forbidden(body: kopf.Body) -> Callable[[str], None]:

@@ -470,13 +470,23 @@ async def delete_snapshot(namespace: str, name: str) -> bool:
     )
 
 
-async def patch_task_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Write a CalibanTask's status now (kopf writes its patch only when a handler ends)."""
-    await asyncio.to_thread(
-        client.CustomObjectsApi().patch_namespaced_custom_object_status,
-        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name,
-        {"status": status}, _content_type=MERGE_PATCH,
-    )  # fmt: skip
+async def patch_task_status(
+    namespace: str, name: str, status: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Write a CalibanTask's status now (kopf writes its patch only when a handler ends);
+    the object as written, or None when the task is gone."""
+    written: dict[str, Any] | None = await _read(
+        lambda: client.CustomObjectsApi().patch_namespaced_custom_object_status(
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )
+    )
+    return written
 
 
 def drain_guard_name(task_name: str) -> str:
