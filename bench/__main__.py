@@ -15,10 +15,10 @@ import sys
 import time
 import traceback
 
-from bench import audit_cost, delete, drain, pipeline, recovery, report
+from bench import audit_cost, delete, drain, fleet, pipeline, recovery, report
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "fleet")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
@@ -29,6 +29,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
         if name == "recovery":
             return recovery.run(args.quick, root, args.redis_port)
+        if name == "fleet":
+            return fleet.run(args.quick, root, args.redis_port, args.fleet_database_url)
         if name == "audit":
             return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
         return delete.run(args.quick, root, args.redis_port)
@@ -60,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"audit ledger (created if missing, its tables dropped); default "
         f"{audit_cost.DATABASE_URL}",
+    )
+    parser.add_argument(
+        "--fleet-database-url",
+        default=None,
+        help=f"fleet scenario's ledger (created if missing, its tables dropped); default "
+        f"{fleet.DATABASE_URL}",
     )
     parser.add_argument(
         "--audit-fleet",

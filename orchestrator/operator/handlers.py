@@ -1083,6 +1083,7 @@ class Reconciler:
                 beat_signature(activity), spec.idle_timeout_secs,
                 streak_resets_at(0 if decision.streak_over else history.streak,
                                  history.last_at),
+                fresh_since=parse_time(self.status.get("phaseSince")),
             ))  # fmt: skip
             return
         # Stopped or unknown agents are never idle: nothing to pause.
@@ -1487,14 +1488,13 @@ _feed_task: asyncio.Task[None] | None = None
 
 def _noticed(body: kopf.Body) -> tuple[object, ...]:
     """What of the object itself a pass reads apart from its own status (the spec by its
-    generation, the wake annotation, the labels its children carry, a deletion): a watch
-    event that changes none of it (the status a pass wrote, kopf's own annotations)
-    wakes nobody."""
+    generation, the wake annotation, the labels its children carry): a watch event that
+    changes none of it (the status a pass wrote, kopf's own annotations) wakes nobody.
+    A deletion is the finalizer's (kopf stops the steward)."""
     return (
         body.meta.get("generation"),
         body.meta.annotations.get(crd.WAKE_ANNOTATION),
         tuple(sorted(body.meta.labels.items())),
-        body.meta.get("deletionTimestamp"),
     )
 
 
@@ -1541,22 +1541,27 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
     settings = get_settings()
     written: dict[str, Any] | None = None
     try:
-        while not stopped:
+        while not stopped and not body.meta.get("deletionTimestamp"):
             box.look = False
             current = kopf.Body(cast(kopf.RawBody, _freshest(body, written)))
             box.noticed = _noticed(current)
-            rest, written = await _one_pass(current, settings, written)
-            box.beat = newer(box.beat, rest[1])
+            (rest, read), wrote = await _one_pass(current, settings)
+            box.beat = newer(box.beat, read)
+            known, written = box.beat, wrote or written
             while not stopped:
                 box.wake.clear()
                 if box.look:
                     break
                 secs = next_look(
-                    _now(), rest[0], box.beat, follow_up_secs=settings.reconcile_interval_secs,
+                    _now(), rest, box.beat, follow_up_secs=settings.reconcile_interval_secs,
                     resync_secs=settings.resync_interval_secs,
                     heartbeat_interval_secs=settings.heartbeat_interval_secs,
                     bridge_secs=settings.heartbeat_gap_secs,
                 )  # fmt: skip
+                if secs <= 0 and wrote is None and box.beat is known:
+                    # Due again at once, yet the pass changed nothing and no heartbeat came
+                    # since: never a busy loop; look again as a task on its way would.
+                    secs = settings.reconcile_interval_secs
                 if secs <= 0 or not await _nap(box.wake, stopped, secs):
                     break  # due now, or fell due asleep
     finally:
@@ -1564,11 +1569,12 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
 
 
 async def _one_pass(
-    body: kopf.Body, settings: Settings, written: dict[str, Any] | None
+    body: kopf.Body, settings: Settings
 ) -> tuple[tuple[Rest | None, Beat | None], dict[str, Any] | None]:
     """A pass over the task and its status written: how it left the task, the heartbeat
-    it read, and the object as the status patch left it. A pass that fails is logged
-    and tried again after ``reconcile_interval_secs``, as something on its way."""
+    it read, and the object as its status patch left it (None: nothing to write). A
+    pass that fails is logged and tried again after ``reconcile_interval_secs``, as
+    something on its way."""
     patch = kopf.Patch()
     r = Reconciler(body, patch, get_ledger(), settings)
     try:
@@ -1576,11 +1582,11 @@ async def _one_pass(
             await r.run()
         status = dict(patch.get("status") or {})
         if status:
-            written = await kube.patch_task_status(r.namespace, r.name, status)
-        return (r.rest, r.beat), written
+            return (r.rest, r.beat), await kube.patch_task_status(r.namespace, r.name, status)
+        return (r.rest, r.beat), None
     except Exception:
         log.exception("pass over %s/%s failed; trying again", r.namespace, r.name)
-        return (None, r.beat), written
+        return (None, r.beat), None
 
 
 async def _nap(wake: asyncio.Event, stopped: kopf.DaemonStopped, secs: float) -> bool:

@@ -83,6 +83,9 @@ class RunningWatch:
     idle_timeout_secs: float | None
     streak_resets_at: datetime | None
     """When the current recovery streak ends (``status.recoveryStreak`` goes to 0)."""
+    fresh_since: datetime | None = None
+    """``status.phaseSince``: the idle pause reads only a heartbeat stored after it
+    (``Reconciler.fresh_activity``), so only such a heartbeat sets an idle deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +137,8 @@ def next_look(
         return 0.0
     silence = HEARTBEATS_MISSED_BEFORE_SILENT * heartbeat_interval_secs
     deadlines = [beat.received_at + timedelta(seconds=silence)]
-    if watch.idle_timeout_secs is not None:
+    fresh = watch.fresh_since is None or beat.received_at >= watch.fresh_since
+    if watch.idle_timeout_secs is not None and fresh:
         idle = idle_due(beat, watch.idle_timeout_secs, bridge_secs)
         if idle is not None:
             deadlines.append(idle)

@@ -139,6 +139,34 @@ class LedgerBehaviour:
         yield engine
         engine.dispose()
 
+    # ----------------------------------------------------------------- event feed
+
+    def test_the_feed_reads_heartbeats_and_operations_stored_after_a_moment(
+        self, ledger: Ledger
+    ) -> None:
+        """What the operator's feed asks instead of every task's rows: only what was
+        stored after the moment, oldest first, a page at a time."""
+        before = datetime.now(UTC) - timedelta(seconds=1)
+        one_heartbeat(ledger, received_at=before - timedelta(seconds=5))
+        assert ledger.activity_received_since(before, 10) == []
+        stored = one_heartbeat(ledger, seq=2, received_at=before + timedelta(seconds=0.5))
+        assert ledger.activity_received_since(before, 10) == [stored]
+        assert ledger.operations_moved_since(before - timedelta(days=1), 10) == []
+
+        first, second = begin(ledger), begin(ledger, key="pause:default/task-b:1", name="task-b")
+        moved = ledger.operations_moved_since(before, 10)
+        assert [(m.id, m.name, m.state) for m in moved] == [
+            (first.id, "task-a", first.state), (second.id, "task-b", second.state),
+        ]  # fmt: skip
+        assert [m.id for m in ledger.operations_moved_since(before, 1)] == [first.id]
+        after = moved[-1].updated_at
+        assert ledger.operations_moved_since(after, 10) == []
+        ledger.transition(first.id, OperationState.FAILED, error="gone")
+        again = ledger.operations_moved_since(after, 10)
+        assert [(m.id, m.state) for m in again] == [(first.id, OperationState.FAILED)]
+        with pytest.raises(ValueError, match="limit must be a positive integer"):
+            ledger.activity_received_since(before, 0)
+
     # ----------------------------------------------------------------- migrations
 
     def test_upgrade_to_head_creates_every_table_and_repeating_it_is_a_noop(

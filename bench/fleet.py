@@ -1,0 +1,384 @@
+"""Scenario ``fleet``: the operator with N CalibanTasks, at rest and reacting to causes.
+
+The embedded Kubernetes API (``drainctl dev cluster``), ``drainctl operator``, one
+``drainctl worker``, Redis and the ledger are real; the N daemons are stood in for by a
+load generator that sends exactly what a daemon's consumer sends: one
+``caliban.orchestrator.activity`` heartbeat per task every ``heartbeat_interval_secs``
+(the default), with the same payload and expiry. Every setting is the default.
+
+Measured: the operator's CPU (user + system, from /proc) over a window with the whole
+fleet Running and nothing happening, its peak RSS; then, one cause at a time, the time
+from the cause to the operator's first action:
+
+- delete: the DELETE → the operator's drain operation stored in the ledger;
+- wake: ``spec.lifecycle.suspend`` set false on a task created suspended → the task's
+  status phase Provisioning, as a watch sees it;
+- idle deadline: the moment a task's idle timeout falls due (its stored heartbeat's
+  idle measure plus the time since it arrived, ``lifecycle.idle_secs``) → the pause
+  operation stored in the ledger.
+
+The floor for delete and wake is the same cause seen by a watch of our own (the API's
+event delivery, which the operator cannot beat); for the idle deadline it is zero.
+Budgets: CPU at rest < 5 % of one core, RSS < 400 MB, p95 cause → action < 500 ms.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+from kubernetes import client, config, watch
+
+from bench.audit_cost import ApiServer, ensure_database
+from bench.report import Check, Scenario, at_most, median, ms, percentile
+from orchestrator.ledger import ActivityView, Ledger, OperationKind, OperationView
+from orchestrator.operator.crd import GROUP, PLURAL, VERSION
+from orchestrator.settings import Settings
+from orchestrator.testing import WorkerProcess, flushed_redis
+from worker_agent.contract import (
+    ACTIVITY,
+    ORCHESTRATOR_QUEUE,
+    ActivityReport,
+    BrokerSettings,
+    make_celery,
+)
+from worker_agent.testing import DRAINCTL, Subprocess, child_env, wait_until
+
+NAMESPACE = "default"
+SIZE, QUICK_SIZE = 1000, 20
+SAMPLES, QUICK_SAMPLES = 20, 3
+"""Causes of each kind, one after another."""
+REST_SECS, QUICK_REST_SECS = 60.0, 5.0
+SETTLE_SECS = 10.0
+"""After the last task is Running, before the rest window: the last passes finish."""
+IDLE_TIMEOUT_SECS = 600.0
+IDLE_DUE_IN_SECS = 3.0
+"""An idle sample's heartbeat says the task has been idle this long short of its timeout."""
+CPU_BUDGET, RSS_BUDGET_MB, P95_BUDGET = 0.05, 400.0, 0.5
+REDIS_DB = 4
+DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_fleet"
+THREADS = 8
+T = TypeVar("T")
+
+
+class Operator(Subprocess):
+    """``drainctl operator`` (daemons' Sandboxes not managed: the load generator is the
+    fleet's daemons), ready once its liveness probe answers."""
+
+    what = "drainctl operator"
+    ready_timeout = 90.0
+
+    def __init__(self, log: Path, env: dict[str, str], port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/healthz"
+        super().__init__([*DRAINCTL, "operator", "--liveness", self.url], log, child_env(env))
+
+    def ready(self) -> bool:
+        import urllib.request
+
+        self.check_alive(self.what)
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as response:
+                return int(response.status) == 200
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Seen:
+    """What our own watch saw of a task, by wall-clock receive time."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    """Phase → when it was first seen."""
+    generations: dict[int, float] = field(default_factory=dict)
+    deleting: float | None = None
+
+
+class Watcher(threading.Thread):
+    def __init__(self, custom: client.CustomObjectsApi) -> None:
+        super().__init__(daemon=True, name="fleet-watch")
+        self.custom = custom
+        self.seen: dict[str, Seen] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            stream = watch.Watch().stream(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL,
+                timeout_seconds=30,
+            )  # fmt: skip
+            for event in stream:
+                at = time.time()
+                obj = event["object"]
+                name = obj["metadata"]["name"]
+                with self.lock:
+                    seen = self.seen.setdefault(name, Seen())
+                    phase = (obj.get("status") or {}).get("phase")
+                    if phase:
+                        seen.phases.setdefault(phase, at)
+                    seen.generations.setdefault(int(obj["metadata"].get("generation") or 0), at)
+                    if obj["metadata"].get("deletionTimestamp") and seen.deleting is None:
+                        seen.deleting = at
+                if self.stopping.is_set():
+                    return
+
+    def phase_count(self, phase: str) -> int:
+        with self.lock:
+            return sum(1 for s in self.seen.values() if phase in s.phases)
+
+    def get(self, name: str) -> Seen:
+        with self.lock:
+            return self.seen.get(name, Seen())
+
+
+class Daemons(threading.Thread):
+    """The load generator: each task's heartbeat every interval, spread over it."""
+
+    def __init__(self, broker: str, interval: float) -> None:
+        super().__init__(daemon=True, name="fleet-daemons")
+        self.app = make_celery(BrokerSettings(broker_url=broker))
+        self.interval = interval
+        self.tasks: dict[str, str] = {}
+        """name → uid, of the tasks whose daemon runs."""
+        self.idle: dict[str, float] = {}
+        """name → idle_for_secs of its next heartbeats (absent: not idle)."""
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.sent = 0
+
+    def send(self, name: str) -> None:
+        with self.lock:
+            uid, idle_for = self.tasks[name], self.idle.get(name)
+        now = time.time()
+        report = ActivityReport(
+            namespace=NAMESPACE, name=name, task_uid=uid, seq=time.time_ns(), reported_at=now,
+            agents_total=1, agents_live=1, agents_idle=1 if idle_for is not None else 0,
+            all_idle_since=None if idle_for is None else now - idle_for, idle_for_secs=idle_for,
+        )  # fmt: skip
+        self.app.send_task(ACTIVITY, kwargs=report.model_dump(mode="json"),
+                           queue=ORCHESTRATOR_QUEUE, expires=self.interval * 4)  # fmt: skip
+        self.sent += 1
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            with self.lock:
+                names = list(self.tasks)
+            began = time.monotonic()
+            for index, name in enumerate(names):
+                at = began + self.interval * index / max(len(names), 1)
+                if self.stopping.wait(max(0.0, at - time.monotonic())):
+                    return
+                with self.lock:
+                    if name not in self.tasks:
+                        continue
+                self.send(name)
+            self.stopping.wait(max(0.0, began + self.interval - time.monotonic()))
+
+
+def task_body(name: str, *, suspended: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "task": {"agents": 1, "provider": "scripted", "model": "turns=100000,turn_ms=1000"},
+            "lifecycle": {"idleTimeout": f"{IDLE_TIMEOUT_SECS:.0f}s", "suspend": suspended},
+        },
+    }  # fmt: skip
+
+
+def provisioning(watcher: Watcher, name: str) -> Callable[[], Seen | None]:
+    def check() -> Seen | None:
+        seen = watcher.get(name)
+        return seen if "Provisioning" in seen.phases else None
+
+    return check
+
+
+def operation(ledger: Ledger, name: str, kind: OperationKind) -> Callable[[], OperationView | None]:
+    def check() -> OperationView | None:
+        return next((o for o in ledger.list_operations(NAMESPACE, name) if o.kind is kind), None)
+
+    return check
+
+
+def idle_stored(ledger: Ledger, name: str) -> Callable[[], ActivityView | None]:
+    def check() -> ActivityView | None:
+        activity = ledger.get_activity(NAMESPACE, name)
+        if activity is None or activity.idle_for_secs is None or activity.received_at is None:
+            return None
+        return activity
+
+    return check
+
+
+def process_cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def wait_for(what: str, timeout: float, check: Callable[[], T | None]) -> T:
+    found: T = wait_until(check, timeout, what, interval=0.05)
+    return found
+
+
+def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> Scenario:
+    n = QUICK_SIZE if quick else SIZE
+    samples = QUICK_SAMPLES if quick else SAMPLES
+    rest_secs = QUICK_REST_SECS if quick else REST_SECS
+    broker = flushed_redis(redis_port, REDIS_DB)
+    url = ensure_database(database_url or DATABASE_URL)
+    settings = Settings()
+    api = ApiServer(root).start()
+    env = {"KUBECONFIG": str(api.kubeconfig), "DRAIN_BROKER_URL": broker,
+           "DRAIN_RESULT_BACKEND": broker, "DRAIN_DATABASE_URL": url}  # fmt: skip
+    worker = WorkerProcess(root / "worker.log", env)
+    operator = Operator(root / "operator.log", env, free_port())
+    daemons = Daemons(broker, settings.heartbeat_interval_secs)
+    ledger = Ledger.from_url(url)
+    watcher: Watcher | None = None
+    try:
+        worker.start()
+        operator.start()
+        config.load_kube_config(config_file=str(api.kubeconfig))
+        custom = client.CustomObjectsApi()
+        watcher = Watcher(custom)
+        watcher.start()
+        held = [f"held-{i:03d}" for i in range(samples)]
+        running = [f"task-{i:05d}" for i in range(n)]
+
+        def create(name: str) -> None:
+            made = custom.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, task_body(name, suspended=name in held)
+            )
+            if name not in held:
+                with daemons.lock:
+                    daemons.tasks[name] = made["metadata"]["uid"]
+
+        began = time.monotonic()
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(create, [*running, *held]))
+        created_secs = time.monotonic() - began
+        daemons.start()
+        wait_for(f"{n} tasks Running", 600, lambda: watcher.phase_count("Running") >= n)
+        wait_for(f"{len(held)} held tasks Suspended", 60,
+                 lambda: all("Suspended" in watcher.get(h).phases for h in held))  # fmt: skip
+        to_running_secs = time.monotonic() - began
+        time.sleep(SETTLE_SECS)
+
+        # -- at rest
+        proc = psutil.Process(operator.pid)
+        rss = [proc.memory_info().rss]
+        cpu0, worker0, t0 = process_cpu(operator.pid), process_cpu(worker.pid), time.monotonic()
+        while time.monotonic() - t0 < rest_secs:
+            time.sleep(1.0)
+            rss.append(proc.memory_info().rss)
+        window = time.monotonic() - t0
+        cpu = (process_cpu(operator.pid) - cpu0) / window
+        worker_cpu = (process_cpu(worker.pid) - worker0) / window
+        sent_during_rest = daemons.sent
+
+        # -- causes, one at a time
+        wakes, wake_floor = [], []
+        for name in held:
+            at = time.time()
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, name,
+                {"spec": {"lifecycle": {"suspend": False}}},
+            )  # fmt: skip
+            seen = wait_for(f"{name} Provisioning", 60, provisioning(watcher, name))
+            wakes.append(seen.phases["Provisioning"] - at)
+            wake_floor.append(min(seen.generations.get(2, at), seen.phases["Provisioning"]) - at)
+
+        deletes, delete_floor = [], []
+        for name in running[:samples]:
+            at = time.time()
+            custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+            op = wait_for(f"{name}'s delete drain in the ledger", 60,
+                          operation(ledger, name, OperationKind.DELETE_DRAIN))  # fmt: skip
+            deletes.append(op.created_at.timestamp() - at)
+            delete_floor.append((watcher.get(name).deleting or at) - at)
+
+        idles = []
+        for name in running[samples : 2 * samples]:
+            with daemons.lock:
+                daemons.idle[name] = IDLE_TIMEOUT_SECS - IDLE_DUE_IN_SECS
+            daemons.send(name)
+            activity = wait_for(f"{name}'s idle heartbeat stored", 30, idle_stored(ledger, name))
+            assert activity.received_at is not None and activity.idle_for_secs is not None
+            due = activity.received_at.timestamp() + IDLE_TIMEOUT_SECS - activity.idle_for_secs
+            op = wait_for(f"{name}'s idle pause in the ledger", 60,
+                          operation(ledger, name, OperationKind.PAUSE))  # fmt: skip
+            idles.append(op.created_at.timestamp() - due)
+    finally:
+        daemons.stopping.set()
+        if watcher is not None:
+            watcher.stopping.set()
+        for proc_ in (operator, worker, api):
+            proc_.stop()
+        ledger.dispose()
+
+    rss_mb = max(rss) / 1024**2
+    table = [
+        ("CalibanTasks (Running, each with a stand-in daemon's heartbeats)", str(n)),
+        ("created through the API (8 threads)", f"{created_secs:.1f} s"),
+        ("creation → every task Running", f"{to_running_secs:.1f} s"),
+        (f"operator CPU at rest over {window:.0f} s", f"{cpu * 100:.2f} % of one core"),
+        ("operator RSS (max at rest)", f"{rss_mb:.0f} MB"),
+        ("orchestrator worker CPU at rest (storing the heartbeats)", f"{worker_cpu * 100:.2f} %"),
+        ("heartbeats sent by then", str(sent_during_rest)),
+    ]
+    latencies = {"delete": (deletes, delete_floor), "wake": (wakes, wake_floor),
+                 "idle deadline": (idles, None)}  # fmt: skip
+    for kind, (values, floor) in latencies.items():
+        figures = f"{ms(median(values))} / {ms(percentile(values, 0.95))} / {ms(max(values))}"
+        table.append((f"{kind} → first action, median / p95 / max (ms)", figures))
+        if floor is not None:
+            table.append((f"floor: {kind} seen by our own watch, median / p95 (ms)",
+                          f"{ms(median(floor))} / {ms(percentile(floor, 0.95))}"))  # fmt: skip
+    checks = [
+        at_most("operator CPU at rest", cpu * 100, CPU_BUDGET * 100, " % of one core"),
+        at_most("operator RSS", rss_mb, RSS_BUDGET_MB, " MB"),
+        *(at_most(f"p95 {kind} → first action", percentile(v, 0.95) * 1000,
+                  P95_BUDGET * 1000, " ms") for kind, (v, _) in latencies.items()),
+        Check("every cause acted on (one operation or phase each)",
+              len(deletes) == len(wakes) == len(idles) == samples,
+              f"{len(deletes)} deletes, {len(wakes)} wakes, {len(idles)} idle deadlines "
+              f"of {samples}", budget=False),
+    ]  # fmt: skip
+    setup = [
+        f"`drainctl dev cluster`, `drainctl operator` and one `drainctl worker`, every setting "
+        f"the default (heartbeat every {settings.heartbeat_interval_secs:g} s, follow-up "
+        f"{settings.reconcile_interval_secs:g} s, feed {settings.event_feed_interval_secs:g} s, "
+        f"resync {settings.resync_interval_secs:g} s); broker Redis 127.0.0.1:{redis_port} db "
+        f"{REDIS_DB}; ledger {url.split('@')[-1]}.",
+        f"{n} CalibanTasks with a stand-in daemon each (one `caliban.orchestrator.activity` "
+        f"heartbeat per interval, as a daemon's consumer sends) and {len(held)} created "
+        "suspended; nothing else runs.",
+        f"At rest: {window:.0f} s with every task Running, {SETTLE_SECS:g} s after the last "
+        f"became so. Causes: {samples} of each kind, one at a time.",
+    ]
+    data = {
+        "n": n, "cpu_at_rest": cpu, "rss_mb": rss_mb, "worker_cpu_at_rest": worker_cpu,
+        "delete": deletes, "delete_floor": delete_floor, "wake": wakes,
+        "wake_floor": wake_floor, "idle_deadline": idles,
+    }  # fmt: skip
+    runs = [
+        f"{kind}: [{', '.join(ms(v) for v in values)}] ms"
+        for kind, (values, _) in latencies.items()
+    ]
+    return Scenario("fleet", f"The operator with {n} CalibanTasks: at rest, and cause → action",
+                    setup, table, checks, runs, data)  # fmt: skip
