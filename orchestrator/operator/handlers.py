@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -1540,6 +1541,9 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
     box = STEWARDS.open(key)
     settings = get_settings()
     written: dict[str, Any] | None = None
+    # The fleet's resyncs spread evenly from the start, not all at once a resync after
+    # the operator started.
+    resync = settings.resync_interval_secs * random.random()
     try:
         while not stopped and not body.meta.get("deletionTimestamp"):
             box.look = False
@@ -1548,13 +1552,14 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
             (rest, read), wrote = await _one_pass(current, settings)
             box.beat = newer(box.beat, read)
             known, written = box.beat, wrote or written
+            resync_at = time.monotonic() + resync
             while not stopped:
                 box.wake.clear()
                 if box.look:
                     break
                 secs = next_look(
                     _now(), rest, box.beat, follow_up_secs=settings.reconcile_interval_secs,
-                    resync_secs=settings.resync_interval_secs,
+                    resync_secs=max(resync_at - time.monotonic(), 0.0),
                     heartbeat_interval_secs=settings.heartbeat_interval_secs,
                     bridge_secs=settings.heartbeat_gap_secs,
                 )  # fmt: skip
@@ -1564,6 +1569,7 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
                     secs = settings.reconcile_interval_secs
                 if secs <= 0 or not await _nap(box.wake, stopped, secs):
                     break  # due now, or fell due asleep
+            resync = settings.resync_interval_secs
     finally:
         STEWARDS.close(key)
 
