@@ -55,7 +55,7 @@ SIZE, QUICK_SIZE = 1000, 20
 SAMPLES, QUICK_SAMPLES = 20, 3
 """Causes of each kind, one after another."""
 REST_SECS, QUICK_REST_SECS = 60.0, 5.0
-SETTLE_SECS = 10.0
+SETTLE_SECS, QUICK_SETTLE_SECS = 10.0, 2.0
 """After the last task is Running, before the rest window: the last passes finish."""
 IDLE_TIMEOUT_SECS = 600.0
 IDLE_DUE_IN_SECS = 3.0
@@ -127,19 +127,23 @@ class Daemons(threading.Thread):
         self.sent += 1
 
     def run(self) -> None:
+        """Every task's first heartbeat at once (a daemon sends one as it starts), then
+        each again within every interval, spread evenly over it."""
+        with self.lock:
+            names = list(self.tasks)
+        for name in names:
+            self.send(name)
+        began = time.monotonic()
         while not self.stopping.is_set():
-            with self.lock:
-                names = list(self.tasks)
-            began = time.monotonic()
-            for index, name in enumerate(names):
-                at = began + self.interval * index / max(len(names), 1)
+            for index, name in enumerate(names, start=1):
+                at = began + self.interval * index / len(names)
                 if self.stopping.wait(max(0.0, at - time.monotonic())):
                     return
                 with self.lock:
                     if name not in self.tasks:
                         continue
                 self.send(name)
-            self.stopping.wait(max(0.0, began + self.interval - time.monotonic()))
+            began += self.interval
 
 
 def task_body(name: str, *, suspended: bool) -> dict[str, Any]:
@@ -236,7 +240,7 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         wait_until(in_phase(custom, running, "Running"), 600, f"{n} tasks Running", interval=1)
         wait_until(in_phase(custom, held, "Suspended"), 60, "the held tasks Suspended", interval=1)
         to_running_secs = time.monotonic() - began
-        time.sleep(SETTLE_SECS)
+        time.sleep(QUICK_SETTLE_SECS if quick else SETTLE_SECS)
 
         # -- at rest
         proc = psutil.Process(operator.pid)
@@ -331,7 +335,8 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         f"{n} CalibanTasks with a stand-in daemon each (one `caliban.orchestrator.activity` "
         f"heartbeat per interval, as a daemon's consumer sends) and {len(held)} created "
         "suspended; nothing else runs.",
-        f"At rest: {window:.0f} s with every task Running, {SETTLE_SECS:g} s after the last "
+        f"At rest: {window:.0f} s with every task Running, "
+        f"{QUICK_SETTLE_SECS if quick else SETTLE_SECS:g} s after the last "
         f"became so. Causes: {samples} of each kind, one at a time.",
     ]
     data = {
