@@ -599,6 +599,29 @@ class Ledger:
                 row.unavailable = reason
             return _checkpoint_view(row)
 
+    def mark_checkpoints_unavailable(self, reasons: Mapping[str, str]) -> list[str]:
+        """``mark_checkpoint_unavailable`` for many checkpoints (ref → reason) in one
+        transaction; the refs this call marked (unknown refs and those already marked
+        are left as they are)."""
+        wanted = {
+            _text("checkpoint ref", ref, LABEL_VALUE_MAX): _text("reason", why, None)[
+                :UNAVAILABLE_MAX
+            ]
+            for ref, why in reasons.items()
+        }
+        if not wanted:
+            return []
+        with self._sessions.begin() as session:
+            rows = session.scalars(
+                select(Checkpoint)
+                .where(Checkpoint.ref.in_(sorted(wanted)), Checkpoint.unavailable.is_(None))
+                .order_by(Checkpoint.id)
+                .with_for_update()
+            ).all()
+            for row in rows:
+                row.unavailable = wanted[row.ref]
+            return [row.ref for row in rows]
+
     def mark_workspace_gone(self, namespace: str, pvc_name: str, reason: str) -> list[str]:
         """Say every restorable checkpoint whose only workspace is PVC
         ``namespace/pvc_name`` (no ready snapshot) can no longer be restored, because
@@ -674,9 +697,16 @@ class Ledger:
             return None if row is None else _checkpoint_view(row)
 
     def list_checkpoints(
-        self, namespace: str | None = None, name: str | None = None, limit: int = 100
+        self,
+        namespace: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> list[CheckpointView]:
-        """Checkpoints, newest first, optionally of one namespace or one task."""
+        """Checkpoints, newest first, optionally of one namespace or one task; with
+        ``after``, the page that follows checkpoint ``after`` (the last ref of the page
+        before): a keyset on (created_at, id), so a later page walks the same index as
+        the first instead of skipping rows. An unknown ``after`` is a ``LookupError``."""
         query = select(Checkpoint).options(selectinload(Checkpoint.agents))
         if namespace is not None:
             query = query.where(Checkpoint.namespace == namespace)
@@ -686,6 +716,14 @@ class Ledger:
             _limit(limit)
         )
         with self._sessions.begin() as session:
+            if after is not None:
+                last = session.execute(
+                    select(Checkpoint.created_at, Checkpoint.id).where(Checkpoint.ref == after)
+                ).one_or_none()
+                if last is None:
+                    raise LookupError(f"no checkpoint {after!r} in the ledger")
+                # A row comparison: PostgreSQL starts the index scan at it.
+                query = query.where(tuple_(Checkpoint.created_at, Checkpoint.id) < tuple(last))
             return [_checkpoint_view(row) for row in session.scalars(query)]
 
     def latest_checkpoint(self, namespace: str, name: str) -> CheckpointView | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import yaml
 from orchestrator.cli import ExitCode, main
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState
 from tests.integration.cli_support import drainctl
-from tests.pipeline_support import Stack, free_port, fresh_sqlite, redis_db_url
+from tests.pipeline_support import Stack, fresh_sqlite, redis_db_url
 from tests.support import DaemonProcess, wait_until
 from worker_agent.proto import ResumeRef
 
@@ -226,32 +225,11 @@ def test_agents_take_json_after_the_subcommand_and_after_the_group(
 # ------------------------------------------------------------- pause and wake
 
 
-@pytest.fixture
-def dev_cluster(tmp_path: Path) -> Iterator[Path]:
-    """``drainctl dev cluster`` as a subprocess; yields its kubeconfig once it is ready."""
-    if shutil.which("kubectl") is None:
-        pytest.skip("needs the kubectl binary")
-    kubeconfig = tmp_path / "kubeconfig.yaml"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--port", str(free_port()),
-         "--kubeconfig", str(kubeconfig), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_until(kubeconfig.exists, 30, "the embedded API's kubeconfig")
-        yield kubeconfig
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_pause_and_wake_take_json_kubeconfig_and_context(dev_cluster: Path) -> None:
     """Tried: pause default/t --kubeconfig K --json, wake default/t --kubeconfig K
     --context C --json against the embedded API, and pause of a task that does not exist."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("needs the kubectl binary")
     manifest = {
         "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
         "kind": "CalibanTask",

@@ -658,6 +658,47 @@ class LedgerBehaviour:
         assert ledger.latest_checkpoint("default", "gone") is None
         assert ledger.get_checkpoint("ckpt-unknown") is None
 
+    def test_a_later_page_of_checkpoints_starts_after_the_last_ref_of_the_page_before(
+        self, ledger: Ledger
+    ) -> None:
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=name).id, [], reason=CheckpointReason.PAUSE
+            ).ref
+            for n, name in enumerate(["task-a", "task-b", "task-a", "task-a", "task-b"])
+        ]
+        a1, b1, a2, a3, b2 = refs
+
+        assert [c.ref for c in ledger.list_checkpoints(limit=2)] == [b2, a3]
+        assert [c.ref for c in ledger.list_checkpoints(limit=2, after=a3)] == [a2, b1]
+        assert [c.ref for c in ledger.list_checkpoints(limit=2, after=b1)] == [a1]
+        assert ledger.list_checkpoints(limit=2, after=a1) == []
+        task_a = ledger.list_checkpoints("default", "task-a", limit=1, after=a3)
+        assert [c.ref for c in task_a] == [a2]
+        with pytest.raises(LookupError, match="no checkpoint 'ckpt-unknown' in the ledger"):
+            ledger.list_checkpoints(after="ckpt-unknown")
+
+    def test_many_checkpoints_are_marked_unavailable_in_one_call_keeping_a_first_reason(
+        self, ledger: Ledger
+    ) -> None:
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}").id, [], reason=CheckpointReason.PAUSE
+            ).ref
+            for n in range(3)
+        ]
+        ledger.mark_checkpoint_unavailable(refs[0], "PVC default/ws gone")
+
+        marked = ledger.mark_checkpoints_unavailable(
+            {ref: f"released {ref}" for ref in refs} | {"ckpt-unknown": "released"}
+        )
+
+        assert marked == refs[1:]
+        assert [ledger.get_checkpoint(r).unavailable for r in refs] == [  # type: ignore[union-attr]
+            "PVC default/ws gone", f"released {refs[1]}", f"released {refs[2]}"
+        ]  # fmt: skip
+        assert ledger.mark_checkpoints_unavailable({}) == []
+
     def test_a_checkpoint_records_its_snapshot_asked_then_ready_and_keeps_the_outcome(
         self, ledger: Ledger
     ) -> None:
