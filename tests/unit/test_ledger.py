@@ -19,7 +19,18 @@ from typing import Any, TypeVar
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, delete, func, insert, inspect, select, text, update
+from sqlalchemy import (
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import NullPool
 
@@ -677,6 +688,37 @@ class LedgerBehaviour:
         assert [c.ref for c in task_a] == [a2]
         with pytest.raises(LookupError, match="no checkpoint 'ckpt-unknown' in the ledger"):
             ledger.list_checkpoints(after="ckpt-unknown")
+
+    def test_a_checkpoint_and_its_agents_are_read_in_one_query(self, ledger: Ledger) -> None:
+        """The reads callers wait on (a task's latest, a PVC's newest, a page of ``ledger
+        ls``, one by ref) send one SELECT each, the agents joined in, not a second."""
+        for n in range(3):
+            op = begin(ledger, key=f"k{n}")
+            agents = [resume_ref("agent-b"), resume_ref("agent-a")]
+            ledger.record_checkpoint(op.id, agents, reason=CheckpointReason.PAUSE, pvc_name="ws")
+        newest = ledger.list_checkpoints()[0]
+        sent: list[str] = []
+
+        def caught(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith("SELECT"):
+                sent.append(statement)
+
+        engine = ledger._engine
+        event.listen(engine, "before_cursor_execute", caught)
+        try:
+            reads = [
+                ledger.latest_checkpoint("default", "task-a"),
+                ledger.newest_checkpoint_of_pvc("default", "ws"),
+                ledger.get_checkpoint(newest.ref),
+            ]
+            page = ledger.list_checkpoints(limit=2)
+        finally:
+            event.remove(engine, "before_cursor_execute", caught)
+
+        assert len(sent) == 4, sent
+        assert reads == [newest, newest, newest]
+        assert [a.agent_id for a in newest.agents] == ["agent-a", "agent-b"]
+        assert len(page) == 2 and all(len(c.agents) == 2 for c in page)
 
     def test_many_checkpoints_are_marked_unavailable_in_one_call_keeping_a_first_reason(
         self, ledger: Ledger
