@@ -219,6 +219,26 @@ class CheckpointView:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointStorageView:
+    """What a checkpoint holds in the cluster and whose it is, without its agents: what
+    retention decides on (``Ledger.restorable_storage_after``)."""
+
+    id: int
+    ref: str
+    task_uid: str
+    namespace: str
+    name: str
+    created_at: datetime
+    pvc_name: str | None
+    snapshot_name: str | None
+    unavailable: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+
+@dataclass(frozen=True, slots=True)
 class ActivityView:
     namespace: str
     name: str
@@ -828,6 +848,20 @@ class Ledger:
         )
         with self._sessions.begin() as session:
             return [_checkpoint_view(row) for row in session.scalars(query)]
+
+    def restorable_storage_after(self, after_id: int, limit: int) -> list[CheckpointStorageView]:
+        """Up to ``limit`` restorable checkpoints with an id above ``after_id``, by id, as
+        the storage they hold: one narrow query, no agents, no ORM objects (a prune reads
+        every restorable checkpoint of the ledger)."""
+        columns = [getattr(Checkpoint, f) for f in CheckpointStorageView.__dataclass_fields__]
+        query = (
+            select(*columns)
+            .where(Checkpoint.unavailable.is_(None), Checkpoint.id > after_id)
+            .order_by(Checkpoint.id)
+            .limit(_limit(limit))
+        )
+        with self._sessions.begin() as session:
+            return [CheckpointStorageView(*row) for row in session.execute(query)]
 
     def count_available_checkpoints(self) -> int:
         with self._sessions.begin() as session:

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from orchestrator.ledger import CheckpointView, Ledger
+from orchestrator.ledger import CheckpointStorageView, CheckpointView, Ledger
 from orchestrator.operator import crd, kube
+
+Restorable = CheckpointView | CheckpointStorageView
+"""A checkpoint as retention sees it: the full view, or the storage view a prune reads."""
 
 SCAN_PAGE = 5000
 """Checkpoints ``restorable_checkpoints`` reads from the ledger per transaction."""
@@ -53,7 +56,7 @@ class PruneItem:
 
 
 def plan_prune(
-    checkpoints: Sequence[CheckpointView],
+    checkpoints: Sequence[Restorable],
     *,
     keep: int,
     older_than_secs: float,
@@ -71,8 +74,8 @@ def plan_prune(
         reverse=True,
     )
     seen: dict[tuple[str, str], int] = defaultdict(int)
-    kept: list[tuple[CheckpointView, str]] = []
-    released: list[CheckpointView] = []
+    kept: list[tuple[Restorable, str]] = []
+    released: list[Restorable] = []
     for checkpoint in live:
         task = (checkpoint.namespace, checkpoint.task_uid)
         seen[task] += 1
@@ -102,7 +105,7 @@ def plan_prune(
 
 
 def _item(
-    c: CheckpointView, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
+    c: Restorable, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
 ) -> PruneItem:
     return PruneItem(
         ref=c.ref, namespace=c.namespace, task=f"{c.namespace}/{c.name}",
@@ -110,11 +113,11 @@ def _item(
     )  # fmt: skip
 
 
-def restorable_checkpoints(ledger: Ledger, page: int = SCAN_PAGE) -> list[CheckpointView]:
+def restorable_checkpoints(ledger: Ledger, page: int = SCAN_PAGE) -> list[CheckpointStorageView]:
     """Every checkpoint a prune may release (the restorable ones), read ``page`` at a
     time in short transactions: a prune looks at all of them, however many."""
-    found: list[CheckpointView] = []
-    while batch := ledger.available_checkpoints_after(found[-1].id if found else 0, page):
+    found: list[CheckpointStorageView] = []
+    while batch := ledger.restorable_storage_after(found[-1].id if found else 0, page):
         found += batch
     return found
 
@@ -126,7 +129,7 @@ def batches(items: Sequence[PruneItem], size: int) -> list[list[PruneItem]]:
 
 
 async def what_is_in_use(
-    checkpoints: Sequence[CheckpointView], concurrency: int = 16
+    checkpoints: Sequence[Restorable], concurrency: int = 16
 ) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     """From the cluster: the checkpoints live tasks name, and the PVCs they own (read
     ``concurrency`` PVCs at a time)."""

@@ -36,6 +36,7 @@ from sqlalchemy.pool import NullPool
 
 from orchestrator.ledger import (
     CheckpointReason,
+    CheckpointStorageView,
     Ledger,
     LedgerConflict,
     LedgerError,
@@ -719,6 +720,31 @@ class LedgerBehaviour:
         assert reads == [newest, newest, newest]
         assert [a.agent_id for a in newest.agents] == ["agent-a", "agent-b"]
         assert len(page) == 2 and all(len(c.agents) == 2 for c in page)
+
+    def test_the_storage_of_restorable_checkpoints_is_read_in_pages_by_id(
+        self, ledger: Ledger
+    ) -> None:
+        made = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=f"task-{n % 2}").id, [resume_ref("agent-a")],
+                reason=CheckpointReason.PAUSE, pvc_name=f"ws-{n % 2}",
+            )
+            for n in range(4)
+        ]  # fmt: skip
+        ledger.record_snapshot(made[3].ref, "snap-3")
+        ledger.mark_checkpoint_unavailable(made[1].ref, "PVC default/ws-1 gone")
+
+        first = ledger.restorable_storage_after(0, 2)
+        rest = ledger.restorable_storage_after(first[-1].id, 2)
+
+        assert [c.ref for c in first + rest] == [made[0].ref, made[2].ref, made[3].ref]
+        assert ledger.restorable_storage_after(rest[-1].id, 2) == []
+        assert rest[-1] == CheckpointStorageView(
+            id=made[3].id, ref=made[3].ref, task_uid="uid-task-1", namespace="default",
+            name="task-1", created_at=made[3].created_at, pvc_name="ws-1",
+            snapshot_name="snap-3",
+        )  # fmt: skip
+        assert rest[-1].available
 
     def test_many_checkpoints_are_marked_unavailable_in_one_call_keeping_a_first_reason(
         self, ledger: Ledger
