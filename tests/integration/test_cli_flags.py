@@ -125,6 +125,24 @@ def test_ledger_ls_and_show_say_which_checkpoints_workspace_is_gone(
     }  # fmt: skip
 
 
+def test_ledger_ls_pages_with_after_and_refuses_an_unknown_ref_in_one_line(
+    ledger_with_checkpoints: tuple[str, str, str],
+) -> None:
+    """Tried: ledger ls --limit 1 -q, then --after the ref it printed, then --after a ref
+    the ledger does not hold."""
+    url, drained, forced = ledger_with_checkpoints
+    env = {"DRAIN_DATABASE_URL": url}
+    first = drainctl("ledger", "ls", "--limit", "1", "-q", env=env)
+    assert first.stdout == f"{forced}\n"  # the newer of the two
+    second = drainctl("ledger", "ls", "--limit", "1", "-q", "--after", forced, env=env)
+    assert second.stdout == f"{drained}\n"
+    unknown = drainctl("ledger", "ls", "--after", "ckpt-nope", env=env)
+    assert unknown.returncode == ExitCode.FAILED and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().splitlines() == [
+        "Error: --after: no checkpoint 'ckpt-nope' in the ledger; list them: drainctl ledger ls"
+    ]
+
+
 def test_ledger_show_takes_json_after_the_ref_and_before_the_command(
     ledger_with_checkpoints: tuple[str, str, str],
 ) -> None:
