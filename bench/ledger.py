@@ -48,7 +48,7 @@ from orchestrator.ledger.models import Checkpoint
 from orchestrator.operator.retention import plan_prune, restorable_checkpoints
 
 SIZES = (10_000, 100_000, 1_000_000)
-QUICK_SIZES = (2_000, 20_000)
+QUICK_SIZES = (1_000, 10_000)
 PER_TASK = 50
 AGENTS = 2
 NAMESPACES = 20
