@@ -1,7 +1,11 @@
 """``python -m bench``: run the benchmarks, print the report, optionally record it.
 
-``python -m bench [--scenario drain|pipeline|delete|recovery|audit ...] [--quick]
-[--write]``. Exit 0 when every check passes (under ``--quick`` the budgets are advisory:
+``python -m bench [--scenario drain|pipeline|delete|recovery|audit|ledger|fleet ...] [--quick]
+[--write]``. ``--write`` records the scenarios run in ``results.json`` and ``RESULTS.md``
+and keeps the others' results; it draws each scenario's PNG (latency against scale, with
+the floor) into ``bench/plots/``. Without ``--write`` the PNGs are drawn into a temporary
+directory and deleted, so a plain or ``--quick`` run (CI) still draws them and leaves the
+tree as it was. Exit 0 when every check passes (under ``--quick`` the budgets are advisory:
 small N and one repetition say nothing about them, so only correctness decides), 1 when
 a budget is missed, 2 when a correctness check fails or a scenario errors.
 """
@@ -12,18 +16,22 @@ import argparse
 import os
 import shlex
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
 
-from bench import audit_cost, delete, drain, fleet, pipeline, recovery, report
+from bench import audit_cost, delete, drain, fleet, ledger, pipeline, plot, recovery, report
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "fleet")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "ledger", "fleet")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
     if name == "drain":
         return drain.run(args.quick)
+    if name == "ledger":
+        return ledger.run(args.quick, args.ledger_database_url)
     with short_tmp(f"cd-{name[:3]}-") as root:
         if name == "pipeline":
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
@@ -78,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(map(str, audit_cost.SIZES))}, --quick "
         f"{', '.join(map(str, audit_cost.QUICK_SIZES))})",
     )
+    parser.add_argument(
+        "--ledger-database-url",
+        default=None,
+        help=f"ledger scenario's database (created if missing; one schema per size, kept "
+        f"between runs); default {ledger.DATABASE_URL}",
+    )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     host = report.machine()
@@ -93,9 +107,17 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
         print(f"  ({name}: {time.monotonic() - began:.0f} s)", flush=True)
     print("\n" + report.render(scenarios, command, host, args.quick))
-    if args.write and scenarios:
-        report.write(scenarios, command, host, args.quick)
-        print(f"\nwrote {report.RESULTS_JSON} and {report.RESULTS_MD}")
+    try:
+        if args.write and scenarios:
+            drawn = report.write(scenarios, command, host, args.quick)
+            print(f"\nwrote {report.RESULTS_JSON}, {report.RESULTS_MD} and {len(drawn)} PNGs")
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-plots-") as directory:
+                drawn = report.plots(scenarios, Path(directory))
+                print(f"\ndrew {len(drawn)} PNGs (not kept without --write)")
+    except plot.CurvesError as exc:
+        print(f"cannot draw: {exc}", file=sys.stderr)
+        failed = True
     checks = [c for s in scenarios for c in s.checks]
     if failed or any(not c.ok and not c.budget for c in checks):
         return 2

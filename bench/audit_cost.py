@@ -151,6 +151,12 @@ def in_parallel(call: Callable[[T], object], items: Sequence[T]) -> None:
 def ensure_database(url: str) -> str:
     """``url``'s PostgreSQL database created where the server lacks it; the ledger in it
     migrated afresh (``fresh_ledger``)."""
+    create_database(url)
+    return fresh_ledger(url)
+
+
+def create_database(url: str) -> None:
+    """``url``'s PostgreSQL database, created where the server lacks it."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "postgresql" and parsed.database:
         admin = sa.create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
@@ -161,7 +167,6 @@ def ensure_database(url: str) -> str:
                     conn.execute(sa.text(f'CREATE DATABASE "{parsed.database}"'))
         finally:
             admin.dispose()
-    return fresh_ledger(url)
 
 
 def sessions(root: Path) -> dict[str, tuple[Session, str, int]]:
@@ -410,6 +415,15 @@ class SizeResult:
 
     def note(self, report: AuditReport, what: str) -> None:
         self.findings += [f"N={self.n} {what}: {f.line()}" for f in report.findings]
+
+
+CURVES: dict[str, Callable[[SizeResult], Timing]] = {
+    "floor (the lists and ledger read the audit cannot avoid)": lambda r: r.floor,
+    "read_cluster": lambda r: r.read_cluster,
+    "one-shot audit": lambda r: r.oneshot,
+    "periodic audit": lambda r: r.periodic,
+}
+"""What the PNG draws against the fleet size (``bench.plot``)."""
 
 
 def measure_size(
@@ -713,5 +727,13 @@ def run(quick: bool, root: Path, database_url: str | None, sizes: Sequence[int] 
                                                     "audit_full_pass_secs")},
             "growth": grows,
             "results": [asdict(r) for r in results],
+            "curves": {
+                "x_label": "CalibanTasks in the fleet",
+                "y_label": "median latency (ms)",
+                "series": {
+                    name: [[r.n, pick(r).median * 1000] for r in results]
+                    for name, pick in CURVES.items()
+                },
+            },
         },
     )  # fmt: skip

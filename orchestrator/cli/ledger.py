@@ -22,9 +22,6 @@ if TYPE_CHECKING:
     from orchestrator.ledger import CheckpointView, Ledger
     from orchestrator.operator.retention import PruneItem
 
-PRUNE_SCAN_LIMIT = 1_000_000
-"""Checkpoints ``ledger prune`` looks at in one run (all of them, for any real ledger)."""
-
 
 def database_url() -> str:
     from orchestrator.settings import get_settings
@@ -84,16 +81,26 @@ def _yes_no(flag: bool) -> str:
     "--limit", default=50, show_default=True, type=click.IntRange(1), help="At most this many."
 )
 @click.option(
+    "--after", default=None, metavar="REF",
+    help="The next page: the checkpoints older than REF (the last one listed before).",
+)  # fmt: skip
+@click.option(
     "--quiet", "-q", is_flag=True, help="Print only the refs, one per line (for scripts)."
 )
 @json_option
-def ledger_ls(task: tuple[str, str] | None, limit: int, quiet: bool) -> None:
-    """Checkpoints, newest first: forced (taken without a drain) and verified (every
-    session's sha256 checked) are separate columns; WORKSPACE is GONE once a restore
-    found the checkpoint's workspace deleted or prune released it (``ledger show`` says
-    why); SNAPSHOT is ready when a VolumeSnapshot of the workspace can be restored."""
+def ledger_ls(task: tuple[str, str] | None, limit: int, after: str | None, quiet: bool) -> None:
+    """Checkpoints, newest first, a page at a time (--limit, then --after the last ref):
+    forced (taken without a drain) and verified (every session's sha256 checked) are
+    separate columns; WORKSPACE is GONE once a restore found the checkpoint's workspace
+    deleted or prune released it (``ledger show`` says why); SNAPSHOT is ready when a
+    VolumeSnapshot of the workspace can be restored."""
     namespace, name = task if task else (None, None)
-    checkpoints = open_ledger().list_checkpoints(namespace=namespace, name=name, limit=limit)
+    try:
+        checkpoints = open_ledger().list_checkpoints(
+            namespace=namespace, name=name, limit=limit, after=after
+        )
+    except LookupError as exc:
+        raise OperationFailed(f"--after: {exc}; list them: drainctl ledger ls") from None
     if quiet:
         emit([c.ref for c in checkpoints], "\n".join(c.ref for c in checkpoints))
         return
@@ -154,16 +161,19 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
             self.fail(f"{text!r} is not a duration like 12h, 7d or 1h30m", param, ctx)
 
 
-def _prune_table(items: list[PruneItem], dry_run: bool) -> str:
+def _prune_table(items: list[PruneItem], dry_run: bool, batch: int) -> str:
+    from orchestrator.operator.retention import batches
+
     released = [i for i in items if i.action == "release"]
     rows = [f"{'REF':<26} {'TASK':<32} {'ACTION':<8} {'SNAPSHOT':<26} WHY"]
     for i in items:
         rows.append(f"{i.ref:<26} {i.task:<32} {i.action:<8} {i.snapshot or '-':<26} {i.why}")
     verb = "would release" if dry_run else "released"
     rows.append(
-        f"{verb} {len(released)} of {len(items)} checkpoints: "
+        f"{verb} {len(released)} of {len(items)} checkpoints in "
+        f"{len(batches(items, batch))} batches of at most {batch}: "
         f"{sum(i.snapshot is not None for i in released)} VolumeSnapshots, "
-        f"{sum(i.pvc is not None for i in released)} PVCs"
+        f"{len({(i.namespace, i.pvc) for i in released if i.pvc is not None})} PVCs"
         + ("; nothing was changed (--dry-run)" if dry_run else "")
     )
     return "\n".join(rows)
@@ -178,25 +188,43 @@ def _prune_table(items: list[PruneItem], dry_run: bool) -> str:
     "--older-than", default="0s", show_default=True, type=Duration(),
     help="Release only checkpoints older than this (e.g. 7d, 12h).",
 )  # fmt: skip
+@click.option(
+    "--batch", default=100, show_default=True, type=click.IntRange(1),
+    help="Checkpoints released together: their deletions at once, then one ledger write.",
+)  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print what would be released; change nothing.")
 @kube_options
 @json_option
 def ledger_prune(
-    keep: int, older_than: float, dry_run: bool, kubeconfig: Path | None, context: str | None
+    keep: int,
+    older_than: float,
+    batch: int,
+    dry_run: bool,
+    kubeconfig: Path | None,
+    context: str | None,
 ) -> None:
     """Release old checkpoints: delete their VolumeSnapshots and retained PVCs, and mark
-    them unavailable in the ledger. Per task the newest --keep stay, and so does every
-    checkpoint a live CalibanTask names (status.checkpointRef, spec.resumeFrom); a PVC
-    a live task works on, or a kept checkpoint is on, stays."""
+    them unavailable in the ledger, --batch at a time (progress on stderr). Per task the
+    newest --keep stay, and so does every checkpoint a live CalibanTask names
+    (status.checkpointRef, spec.resumeFrom); a PVC a live task works on, or a kept
+    checkpoint is on, stays."""
     import asyncio
     from datetime import UTC, datetime
 
-    from orchestrator.operator.retention import plan_prune, release, what_is_in_use
+    from orchestrator.operator.retention import (
+        plan_prune,
+        release,
+        restorable_checkpoints,
+        what_is_in_use,
+    )
 
     ledger_ = open_ledger()
     load_kube(kubeconfig, context)
-    checkpoints = ledger_.list_checkpoints(limit=PRUNE_SCAN_LIMIT)
+    checkpoints = restorable_checkpoints(ledger_)
     now = datetime.now(UTC)
+
+    def progress(done: int, total: int) -> None:
+        click.echo(f"released {done} of {total} checkpoints", err=True)
 
     async def run() -> list[PruneItem]:
         named, held = await what_is_in_use(checkpoints)
@@ -205,13 +233,13 @@ def ledger_prune(
             named_by_tasks=named, held_pvcs=held,
         )  # fmt: skip
         if not dry_run:
-            await release(ledger_, items, now)
+            await release(ledger_, items, now, batch=batch, progress=progress)
         return items
 
     items = asyncio.run(run())
     emit(
-        {"dry_run": dry_run, "checkpoints": items},
-        lambda: _prune_table(items, dry_run),
+        {"dry_run": dry_run, "batch": batch, "checkpoints": items},
+        lambda: _prune_table(items, dry_run, batch),
     )
 
 

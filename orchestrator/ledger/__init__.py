@@ -20,6 +20,7 @@ from orchestrator.ledger.models import (
 from orchestrator.ledger.repository import (
     ActivityView,
     CheckpointAgentView,
+    CheckpointStorageView,
     CheckpointView,
     DrainRecordProblem,
     Ledger,
@@ -38,6 +39,7 @@ __all__ = [
     "ActivityView",
     "CheckpointAgentView",
     "CheckpointReason",
+    "CheckpointStorageView",
     "CheckpointView",
     "DrainRecordProblem",
     "Ledger",

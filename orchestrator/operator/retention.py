@@ -11,19 +11,29 @@ names (``status.checkpointRef``: a suspended task's way back; ``spec.resumeFrom`
 restore whose PVC may still be filling from the snapshot), and a PVC is deleted only
 when no kept checkpoint is on it and no live task owns it (a restored task without
 snapshots works on its checkpoint's retained PVC). ``release`` does what a plan says,
-through the same Kubernetes calls the operator makes (``kube``).
+through the same Kubernetes calls the operator makes (``kube``), in batches: a batch's
+deletions are issued together, then its checkpoints are marked in one ledger
+transaction, so a run over thousands of checkpoints neither waits on one request at a
+time nor holds a transaction open across the API calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from orchestrator.ledger import CheckpointView, Ledger
+from orchestrator.ledger import CheckpointStorageView, CheckpointView, Ledger
 from orchestrator.operator import crd, kube
+
+Restorable = CheckpointView | CheckpointStorageView
+"""A checkpoint as retention sees it: the full view, or the storage view a prune reads."""
+
+SCAN_PAGE = 5000
+"""Checkpoints ``restorable_checkpoints`` reads from the ledger per transaction."""
 
 
 class PruneAction(StrEnum):
@@ -46,7 +56,7 @@ class PruneItem:
 
 
 def plan_prune(
-    checkpoints: Sequence[CheckpointView],
+    checkpoints: Sequence[Restorable],
     *,
     keep: int,
     older_than_secs: float,
@@ -64,8 +74,8 @@ def plan_prune(
         reverse=True,
     )
     seen: dict[tuple[str, str], int] = defaultdict(int)
-    kept: list[tuple[CheckpointView, str]] = []
-    released: list[CheckpointView] = []
+    kept: list[tuple[Restorable, str]] = []
+    released: list[Restorable] = []
     for checkpoint in live:
         task = (checkpoint.namespace, checkpoint.task_uid)
         seen[task] += 1
@@ -95,7 +105,7 @@ def plan_prune(
 
 
 def _item(
-    c: CheckpointView, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
+    c: Restorable, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
 ) -> PruneItem:
     return PruneItem(
         ref=c.ref, namespace=c.namespace, task=f"{c.namespace}/{c.name}",
@@ -103,10 +113,26 @@ def _item(
     )  # fmt: skip
 
 
+def restorable_checkpoints(ledger: Ledger, page: int = SCAN_PAGE) -> list[CheckpointStorageView]:
+    """Every checkpoint a prune may release (the restorable ones), read ``page`` at a
+    time in short transactions: a prune looks at all of them, however many."""
+    found: list[CheckpointStorageView] = []
+    while batch := ledger.restorable_storage_after(found[-1].id if found else 0, page):
+        found += batch
+    return found
+
+
+def batches(items: Sequence[PruneItem], size: int) -> list[list[PruneItem]]:
+    """The RELEASE items of a plan, ``size`` at a time, in the plan's order."""
+    released = [i for i in items if i.action is PruneAction.RELEASE]
+    return [released[start : start + size] for start in range(0, len(released), size)]
+
+
 async def what_is_in_use(
-    checkpoints: Sequence[CheckpointView],
+    checkpoints: Sequence[Restorable], concurrency: int = 16
 ) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
-    """From the cluster: the checkpoints live tasks name, and the PVCs they own."""
+    """From the cluster: the checkpoints live tasks name, and the PVCs they own (read
+    ``concurrency`` PVCs at a time)."""
     tasks = await kube.list_tasks()
     named: dict[str, str] = {}
     uids: dict[str, str] = {}
@@ -121,29 +147,50 @@ async def what_is_in_use(
         if current:
             named.setdefault(str(current), f"the checkpoint of {who} (status.checkpointRef)")
     held: dict[tuple[str, str], str] = {}
-    for namespace, pvc_name in {(c.namespace, c.pvc_name) for c in checkpoints if c.pvc_name}:
-        pvc = await kube.get_pvc(namespace, pvc_name)
-        owners = [] if pvc is None else pvc.metadata.owner_references or []
-        for owner in owners:
-            if owner.kind == crd.KIND and owner.uid in uids:
-                held[(namespace, pvc_name)] = uids[owner.uid]
+    where = sorted({(c.namespace, c.pvc_name) for c in checkpoints if c.pvc_name})
+    for start in range(0, len(where), concurrency):
+        chunk = where[start : start + concurrency]
+        pvcs = await asyncio.gather(*(kube.get_pvc(ns, name) for ns, name in chunk))
+        for (namespace, pvc_name), pvc in zip(chunk, pvcs, strict=True):
+            owners = [] if pvc is None else pvc.metadata.owner_references or []
+            for owner in owners:
+                if owner.kind == crd.KIND and owner.uid in uids:
+                    held[(namespace, pvc_name)] = uids[owner.uid]
     return named, held
 
 
-async def release(ledger: Ledger, items: Sequence[PruneItem], now: datetime) -> None:
-    """Delete what each RELEASE item frees and mark its checkpoint unavailable, saying so.
-    The ledger is written last for each: a run stopped half-way is finished by the next."""
-    for item in items:
-        if item.action is not PruneAction.RELEASE:
-            continue
-        freed = []
-        if item.snapshot is not None:
-            await kube.delete_snapshot(item.namespace, item.snapshot)
-            freed.append(f"VolumeSnapshot {item.snapshot}")
-        if item.pvc is not None:
-            await kube.delete_pvc(item.namespace, item.pvc)
-            freed.append(f"PVC {item.pvc}")
-        what = " and ".join(freed) or "nothing held"
-        ledger.mark_checkpoint_unavailable(
-            item.ref, f"released by drainctl ledger prune at {now:%Y-%m-%dT%H:%M:%SZ} ({what})"
+async def release(
+    ledger: Ledger,
+    items: Sequence[PruneItem],
+    now: datetime,
+    batch: int = 100,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Delete what each RELEASE item frees and mark its checkpoint unavailable, saying so,
+    ``batch`` items at a time (``progress(done, total)`` after each). The ledger is
+    written after a batch's deletions: a run stopped half-way is finished by the next."""
+    if batch < 1:
+        raise ValueError(f"batch must be a positive number of checkpoints, not {batch!r}")
+    deleted_pvcs: set[tuple[str, str]] = set()
+    todo = batches(items, batch)
+    total, done = sum(map(len, todo)), 0
+    for chunk in todo:
+        # Checkpoints on one workspace share its PVC: it is deleted once.
+        pvcs = {(i.namespace, i.pvc) for i in chunk if i.pvc is not None} - deleted_pvcs
+        await asyncio.gather(
+            *(kube.delete_snapshot(i.namespace, i.snapshot) for i in chunk if i.snapshot),
+            *(kube.delete_pvc(namespace, pvc) for namespace, pvc in sorted(pvcs)),
         )
+        deleted_pvcs |= pvcs
+        reasons = {}
+        for item in chunk:
+            freed = [f"VolumeSnapshot {item.snapshot}"] if item.snapshot is not None else []
+            freed += [f"PVC {item.pvc}"] if item.pvc is not None else []
+            what = " and ".join(freed) or "nothing held"
+            reasons[item.ref] = (
+                f"released by drainctl ledger prune at {now:%Y-%m-%dT%H:%M:%SZ} ({what})"
+            )
+        ledger.mark_checkpoints_unavailable(reasons)
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import yaml
 from orchestrator.cli import ExitCode, main
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState
 from tests.integration.cli_support import drainctl
-from tests.pipeline_support import Stack, free_port, fresh_sqlite, redis_db_url
+from tests.pipeline_support import Stack, fresh_sqlite, redis_db_url
 from tests.support import DaemonProcess, wait_until
 from worker_agent.proto import ResumeRef
 
@@ -126,6 +125,24 @@ def test_ledger_ls_and_show_say_which_checkpoints_workspace_is_gone(
     }  # fmt: skip
 
 
+def test_ledger_ls_pages_with_after_and_refuses_an_unknown_ref_in_one_line(
+    ledger_with_checkpoints: tuple[str, str, str],
+) -> None:
+    """Tried: ledger ls --limit 1 -q, then --after the ref it printed, then --after a ref
+    the ledger does not hold."""
+    url, drained, forced = ledger_with_checkpoints
+    env = {"DRAIN_DATABASE_URL": url}
+    first = drainctl("ledger", "ls", "--limit", "1", "-q", env=env)
+    assert first.stdout == f"{forced}\n"  # the newer of the two
+    second = drainctl("ledger", "ls", "--limit", "1", "-q", "--after", forced, env=env)
+    assert second.stdout == f"{drained}\n"
+    unknown = drainctl("ledger", "ls", "--after", "ckpt-nope", env=env)
+    assert unknown.returncode == ExitCode.FAILED and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().splitlines() == [
+        "Error: --after: no checkpoint 'ckpt-nope' in the ledger; list them: drainctl ledger ls"
+    ]
+
+
 def test_ledger_show_takes_json_after_the_ref_and_before_the_command(
     ledger_with_checkpoints: tuple[str, str, str],
 ) -> None:
@@ -226,32 +243,11 @@ def test_agents_take_json_after_the_subcommand_and_after_the_group(
 # ------------------------------------------------------------- pause and wake
 
 
-@pytest.fixture
-def dev_cluster(tmp_path: Path) -> Iterator[Path]:
-    """``drainctl dev cluster`` as a subprocess; yields its kubeconfig once it is ready."""
-    if shutil.which("kubectl") is None:
-        pytest.skip("needs the kubectl binary")
-    kubeconfig = tmp_path / "kubeconfig.yaml"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "dev", "cluster", "--port", str(free_port()),
-         "--kubeconfig", str(kubeconfig), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_until(kubeconfig.exists, 30, "the embedded API's kubeconfig")
-        yield kubeconfig
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_pause_and_wake_take_json_kubeconfig_and_context(dev_cluster: Path) -> None:
     """Tried: pause default/t --kubeconfig K --json, wake default/t --kubeconfig K
     --context C --json against the embedded API, and pause of a task that does not exist."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("needs the kubectl binary")
     manifest = {
         "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
         "kind": "CalibanTask",

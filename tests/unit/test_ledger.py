@@ -19,12 +19,24 @@ from typing import Any, TypeVar
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, delete, func, insert, inspect, select, text, update
+from sqlalchemy import (
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import NullPool
 
 from orchestrator.ledger import (
     CheckpointReason,
+    CheckpointStorageView,
     Ledger,
     LedgerConflict,
     LedgerError,
@@ -685,6 +697,103 @@ class LedgerBehaviour:
         assert ledger.latest_checkpoint("default", "task-a") == a2
         assert ledger.latest_checkpoint("default", "gone") is None
         assert ledger.get_checkpoint("ckpt-unknown") is None
+
+    def test_a_later_page_of_checkpoints_starts_after_the_last_ref_of_the_page_before(
+        self, ledger: Ledger
+    ) -> None:
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=name).id, [], reason=CheckpointReason.PAUSE
+            ).ref
+            for n, name in enumerate(["task-a", "task-b", "task-a", "task-a", "task-b"])
+        ]
+        a1, b1, a2, a3, b2 = refs
+
+        assert [c.ref for c in ledger.list_checkpoints(limit=2)] == [b2, a3]
+        assert [c.ref for c in ledger.list_checkpoints(limit=2, after=a3)] == [a2, b1]
+        assert [c.ref for c in ledger.list_checkpoints(limit=2, after=b1)] == [a1]
+        assert ledger.list_checkpoints(limit=2, after=a1) == []
+        task_a = ledger.list_checkpoints("default", "task-a", limit=1, after=a3)
+        assert [c.ref for c in task_a] == [a2]
+        with pytest.raises(LookupError, match="no checkpoint 'ckpt-unknown' in the ledger"):
+            ledger.list_checkpoints(after="ckpt-unknown")
+
+    def test_a_checkpoint_and_its_agents_are_read_in_one_query(self, ledger: Ledger) -> None:
+        """The reads callers wait on (a task's latest, a PVC's newest, a page of ``ledger
+        ls``, one by ref) send one SELECT each, the agents joined in, not a second."""
+        for n in range(3):
+            op = begin(ledger, key=f"k{n}")
+            agents = [resume_ref("agent-b"), resume_ref("agent-a")]
+            ledger.record_checkpoint(op.id, agents, reason=CheckpointReason.PAUSE, pvc_name="ws")
+        newest = ledger.list_checkpoints()[0]
+        sent: list[str] = []
+
+        def caught(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith("SELECT"):
+                sent.append(statement)
+
+        engine = ledger._engine
+        event.listen(engine, "before_cursor_execute", caught)
+        try:
+            reads = [
+                ledger.latest_checkpoint("default", "task-a"),
+                ledger.newest_checkpoint_of_pvc("default", "ws"),
+                ledger.get_checkpoint(newest.ref),
+            ]
+            page = ledger.list_checkpoints(limit=2)
+        finally:
+            event.remove(engine, "before_cursor_execute", caught)
+
+        assert len(sent) == 4, sent
+        assert reads == [newest, newest, newest]
+        assert [a.agent_id for a in newest.agents] == ["agent-a", "agent-b"]
+        assert len(page) == 2 and all(len(c.agents) == 2 for c in page)
+
+    def test_the_storage_of_restorable_checkpoints_is_read_in_pages_by_id(
+        self, ledger: Ledger
+    ) -> None:
+        made = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=f"task-{n % 2}").id, [resume_ref("agent-a")],
+                reason=CheckpointReason.PAUSE, pvc_name=f"ws-{n % 2}",
+            )
+            for n in range(4)
+        ]  # fmt: skip
+        ledger.record_snapshot(made[3].ref, "snap-3")
+        ledger.mark_checkpoint_unavailable(made[1].ref, "PVC default/ws-1 gone")
+
+        first = ledger.restorable_storage_after(0, 2)
+        rest = ledger.restorable_storage_after(first[-1].id, 2)
+
+        assert [c.ref for c in first + rest] == [made[0].ref, made[2].ref, made[3].ref]
+        assert ledger.restorable_storage_after(rest[-1].id, 2) == []
+        assert rest[-1] == CheckpointStorageView(
+            id=made[3].id, ref=made[3].ref, task_uid="uid-task-1", namespace="default",
+            name="task-1", created_at=made[3].created_at, pvc_name="ws-1",
+            snapshot_name="snap-3",
+        )  # fmt: skip
+        assert rest[-1].available
+
+    def test_many_checkpoints_are_marked_unavailable_in_one_call_keeping_a_first_reason(
+        self, ledger: Ledger
+    ) -> None:
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}").id, [], reason=CheckpointReason.PAUSE
+            ).ref
+            for n in range(3)
+        ]
+        ledger.mark_checkpoint_unavailable(refs[0], "PVC default/ws gone")
+
+        marked = ledger.mark_checkpoints_unavailable(
+            {ref: f"released {ref}" for ref in refs} | {"ckpt-unknown": "released"}
+        )
+
+        assert marked == refs[1:]
+        assert [ledger.get_checkpoint(r).unavailable for r in refs] == [  # type: ignore[union-attr]
+            "PVC default/ws gone", f"released {refs[1]}", f"released {refs[2]}"
+        ]  # fmt: skip
+        assert ledger.mark_checkpoints_unavailable({}) == []
 
     def test_a_checkpoint_records_its_snapshot_asked_then_ready_and_keeps_the_outcome(
         self, ledger: Ledger
