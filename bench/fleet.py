@@ -192,6 +192,24 @@ def idle_stored(ledger: Ledger, name: str) -> Callable[[], ActivityView | None]:
     return check
 
 
+CAUSES = ("start", "event", "ledger", "clock")
+
+
+def passes(port: int) -> dict[str, float]:
+    """The operator's ``caliban_drain_operator_passes_total`` by cause."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
+        text = got.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("caliban_drain_operator_passes_total{"):
+            labels, _, number = line.rpartition(" ")
+            cause = labels.split('cause="', 1)[1].split('"', 1)[0]
+            found[cause] = float(number)
+    return found
+
+
 def process_cpu(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
@@ -210,9 +228,12 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
     url = ensure_database(database_url or DATABASE_URL)
     settings = Settings()
     api = ApiServer(root).start()
+    metrics_port = free_port()
     env = {"KUBECONFIG": str(api.kubeconfig), "DRAIN_BROKER_URL": broker,
-           "DRAIN_RESULT_BACKEND": broker, "DRAIN_DATABASE_URL": url}  # fmt: skip
-    worker = WorkerProcess(root / "worker.log", env)
+           "DRAIN_RESULT_BACKEND": broker, "DRAIN_DATABASE_URL": url,
+           "DRAIN_METRICS_PORT": str(metrics_port), "DRAIN_METRICS_HOST": "127.0.0.1"}  # fmt: skip
+    worker_env = {**env, "DRAIN_WORKER_METRICS_PORT": "0"}
+    worker = WorkerProcess(root / "worker.log", worker_env)
     operator = Operator(root / "operator.log", env, free_port())
     daemons = Daemons(broker, settings.heartbeat_interval_secs)
     ledger = Ledger.from_url(url)
@@ -245,6 +266,7 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         # -- at rest
         proc = psutil.Process(operator.pid)
         rss = [proc.memory_info().rss]
+        passes0 = passes(metrics_port)
         cpu0, worker0, t0 = process_cpu(operator.pid), process_cpu(worker.pid), time.monotonic()
         while time.monotonic() - t0 < rest_secs:
             time.sleep(1.0)
@@ -252,6 +274,8 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         window = time.monotonic() - t0
         cpu = (process_cpu(operator.pid) - cpu0) / window
         worker_cpu = (process_cpu(worker.pid) - worker0) / window
+        passes1 = passes(metrics_port)
+        at_rest = {cause: passes1.get(cause, 0) - passes0.get(cause, 0) for cause in CAUSES}
         sent_during_rest = daemons.sent
 
         # -- causes, one at a time
@@ -307,6 +331,10 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         ("operator RSS (max at rest)", f"{rss_mb:.0f} MB"),
         ("orchestrator worker CPU at rest (storing the heartbeats)", f"{worker_cpu * 100:.2f} %"),
         ("heartbeats sent by then", str(sent_during_rest)),
+        (
+            "operator passes at rest, by cause (" + ", ".join(CAUSES) + ")",
+            " / ".join(f"{at_rest[c]:.0f}" for c in CAUSES),
+        ),
     ]
     latencies = {"delete": (deletes, delete_floor), "wake": (wakes, wake_floor),
                  "idle deadline": (idles, None)}  # fmt: skip
@@ -340,7 +368,8 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         f"became so. Causes: {samples} of each kind, one at a time.",
     ]
     data = {
-        "n": n, "cpu_at_rest": cpu, "rss_mb": rss_mb, "worker_cpu_at_rest": worker_cpu,
+        "n": n, "cpu_at_rest": cpu, "passes_at_rest": at_rest, "rss_mb": rss_mb,
+        "worker_cpu_at_rest": worker_cpu,
         "delete": deletes, "delete_floor": delete_floor, "wake": wakes,
         "wake_floor": wake_floor, "idle_deadline": idles,
     }  # fmt: skip

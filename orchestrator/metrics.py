@@ -56,6 +56,14 @@ FORCED_DELETES = Counter(
     "the drain failed, or no daemon was left to answer it).",
     registry=REGISTRY,
 )  # fmt: skip
+OPERATOR_PASSES = Counter(
+    "caliban_drain_operator_passes",
+    "Passes the operator ran over a CalibanTask, by what woke its steward: start (its "
+    "first), event (the object changed), ledger (a heartbeat that says something new, an "
+    "operation that moved), clock (a deadline, a follow-up of something on its way, the "
+    "resync). A fleet at rest adds nothing but its clock passes.",
+    ["cause"], registry=REGISTRY,
+)  # fmt: skip
 QUEUE_WAIT = Histogram(
     daemon_metrics.QUEUE_WAIT_NAME, daemon_metrics.QUEUE_WAIT_HELP, ["task"],
     buckets=daemon_metrics.QUEUE_WAIT_BUCKETS, registry=REGISTRY,

@@ -46,8 +46,9 @@ class Mailbox:
     """One steward's wake-ups."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    look: bool = False
-    """A pass is wanted (not only a fresh look at the deadlines)."""
+    look: str | None = None
+    """A pass is wanted, and why (``Stewards.look``'s cause); None: only a fresh look at
+    the deadlines."""
     beat: Beat | None = None
     """The newest heartbeat the feed (or a pass) has seen for the task."""
     noticed: tuple[object, ...] = ()
@@ -69,11 +70,12 @@ class Stewards:
     def close(self, key: Key) -> None:
         self.boxes.pop(key, None)
 
-    def look(self, key: Key) -> None:
-        """Ask for a pass over ``key`` now (nothing if no steward looks after it)."""
+    def look(self, key: Key, cause: str) -> None:
+        """Ask for a pass over ``key`` now (nothing if no steward looks after it); ``cause``
+        is what asks (``event``: the object changed; ``ledger``: the feed)."""
         box = self.boxes.get(key)
         if box is not None:
-            box.look = True
+            box.look = box.look or cause
             box.wake.set()
 
     def heartbeat(self, key: Key, beat: Beat) -> None:
@@ -133,7 +135,7 @@ async def read_once(ledger: Ledger, stewards: Stewards, place: Feed) -> int:
             if place.seen_operations.get(move.id) == move.updated_at:
                 continue
             place.seen_operations[move.id] = move.updated_at
-            stewards.look((move.namespace, move.name))
+            stewards.look((move.namespace, move.name), "ledger")
         read += len(moves)
         if len(moves) < FEED_PAGE:
             break

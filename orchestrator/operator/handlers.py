@@ -1532,7 +1532,7 @@ async def stop_feed(**_: Any) -> None:
 def noticed(body: kopf.Body, **_: Any) -> None:
     box = STEWARDS.boxes.get((str(body.meta.namespace), str(body.meta.name)))
     if box is not None and box.noticed != _noticed(body):
-        STEWARDS.look((str(body.meta.namespace), str(body.meta.name)))
+        STEWARDS.look((str(body.meta.namespace), str(body.meta.name)), "event")
 
 
 @kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_polling=STEWARD_EXIT_POLL_SECS)
@@ -1544,18 +1544,22 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
     # The fleet's resyncs spread evenly from the start, not all at once a resync after
     # the operator started.
     resync = settings.resync_interval_secs * random.random()
+    cause = "start"
     try:
         while not stopped and not body.meta.get("deletionTimestamp"):
-            box.look = False
+            metrics.OPERATOR_PASSES.labels(cause).inc()
+            box.look = None
             current = kopf.Body(cast(kopf.RawBody, _freshest(body, written)))
             box.noticed = _noticed(current)
             (rest, read), wrote = await _one_pass(current, settings)
             box.beat = newer(box.beat, read)
             known, written = box.beat, wrote or written
             resync_at = time.monotonic() + resync
+            cause = "clock"
             while not stopped:
                 box.wake.clear()
                 if box.look:
+                    cause = box.look
                     break
                 secs = next_look(
                     _now(), rest, box.beat, follow_up_secs=settings.reconcile_interval_secs,
@@ -1567,8 +1571,11 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
                     # Due again at once, yet the pass changed nothing and no heartbeat came
                     # since: never a busy loop; look again as a task on its way would.
                     secs = settings.reconcile_interval_secs
-                if secs <= 0 or not await _nap(box.wake, stopped, secs):
-                    break  # due now, or fell due asleep
+                if secs <= 0:
+                    cause = "clock" if box.beat is known else "ledger"  # a heartbeat's news
+                    break
+                if not await _nap(box.wake, stopped, secs):
+                    break  # fell due asleep
             resync = settings.resync_interval_secs
     finally:
         STEWARDS.close(key)

@@ -7,6 +7,7 @@ that did."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -129,3 +130,39 @@ def test_a_drain_and_a_restore_move_each_counter_by_exactly_what_they_did(
     assert moved(worker2, worker1, "caliban_drain_resume_duration_seconds_count", **restore) == 1
     assert moved(worker2, worker1, "caliban_drain_operations_total",
                  kind="restore", state="resumed") == 1  # fmt: skip
+
+
+def test_a_running_task_at_rest_costs_the_operator_no_pass(stack: DevStack) -> None:
+    """The operator reacts to events, not to a timer: while a Running task's daemon keeps
+    sending heartbeats that say nothing new, its steward runs no pass (a timer per task
+    ran one every reconcile interval, 1 s here)."""
+    operator_url = urls(stack)["operator"]
+    assert stack.apply(task_manifest("resting", agents=1)).returncode == 0
+    stack.wait_phase("default", "resting", "Running")
+    stack.wait_turns(stack.pvc_of("resting"), 1, 1)
+    causes = ("start", "event", "ledger", "clock")
+
+    def passes() -> dict[str, float]:
+        samples = scrape(operator_url)
+        return {c: value(samples, "caliban_drain_operator_passes_total", cause=c) for c in causes}
+
+    def quiet() -> dict[str, float] | None:
+        """The counts, if no pass ran for 3 s (those that brought it to Running done)."""
+        before = passes()
+        time.sleep(3)
+        return before if passes() == before else None
+
+    settled = wait_until(quiet, 60, "the operator to settle")
+    first = stack.ledger.get_activity("default", "resting")
+    assert first is not None
+    time.sleep(12)  # more than two heartbeat intervals (5 s on the dev stack)
+    later = stack.ledger.get_activity("default", "resting")
+    assert later is not None and later.received_at and first.received_at
+    assert later.received_at > first.received_at  # the daemon kept reporting
+    after = passes()
+    assert after["event"] == settled["event"]
+    assert after["ledger"] == settled["ledger"]
+    # The resync falls at a random moment within its first interval (300 s): rarely here.
+    assert after["clock"] - settled["clock"] <= 1, (settled, after)
+    assert stack.status("default", "resting")["phase"] == "Running"
+    stack.kubectl("delete", "ctask", "resting", timeout=120)

@@ -160,14 +160,14 @@ def test_the_feed_wakes_only_the_stewards_of_what_changed(ledger: Ledger) -> Non
             idempotency_key="pause:b:1",
         )  # fmt: skip
         await read_once(ledger, stewards, place)
-        assert b.look and b.wake.is_set()
-        b.look = False
+        assert b.look == "ledger" and b.wake.is_set()
+        b.look = None
         b.wake.clear()
         await read_once(ledger, stewards, place)
         assert not b.look  # seen already
         ledger.transition(op.id, OperationState.FAILED, error="no daemon")
         await read_once(ledger, stewards, place)
-        assert b.look  # it moved again
+        assert b.look == "ledger"  # it moved again
         assert not a.look
 
         stewards.close(("default", "a"))
