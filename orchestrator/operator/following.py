@@ -40,13 +40,19 @@ class _Wait(Generic[K, V]):
 class Poller(Generic[K, V]):
     """Every ``interval``, while anything waits: ``read`` the awaited keys in one call
     (a key absent from its answer reads as None) and wake each wait whose ``done``
-    holds for what was read."""
+    holds for what was read. ``per_key`` stretches the interval by that much for each
+    key awaited, so a read that grows with the keys is not repeated as often."""
 
     def __init__(
-        self, name: str, interval: float, read: Callable[[Collection[K]], Awaitable[Mapping[K, V]]]
+        self,
+        name: str,
+        interval: float,
+        read: Callable[[Collection[K]], Awaitable[Mapping[K, V]]],
+        per_key: float = 0.0,
     ) -> None:
         self.name = name
         self.interval = interval
+        self.per_key = per_key
         self.read = read
         self.reads = 0
         """Reads made so far (each one for every key awaited at the time)."""
@@ -72,7 +78,7 @@ class Poller(Generic[K, V]):
 
     async def _run(self) -> None:
         while self._waits:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.interval + self.per_key * len({w.key for w in self._waits}))
             keys = {w.key for w in self._waits}
             if not keys:
                 break

@@ -120,8 +120,10 @@ DELETE_FOLLOW_SECS = 10.0
 DELETE_POLL_SECS = 0.02
 DAEMON_LOOK_SECS = 2.0
 """How often a deletion's drain looks whether a daemon is left to answer it."""
-SNAPSHOT_POLL_SECS = 0.1
-"""How often a deletion waiting for its checkpoint's snapshot looks whether it is ready."""
+SNAPSHOT_POLL_SECS = 0.02
+"""How often the deletions waiting for their checkpoints' snapshots look whether they are
+ready (one list of them all), stretched by ``SNAPSHOT_POLL_PER_TASK`` for each."""
+SNAPSHOT_POLL_PER_TASK = 0.0005
 SNAPSHOT_LOOK_SECS = 1.0
 """How long a deletion waits on the shared snapshot poll before it asks again itself."""
 
@@ -1564,7 +1566,7 @@ _DRAINS: following.Poller[str, OperationView] = following.Poller(
 )
 """Every deletion's drain, followed in the ledger with one read per poll."""
 _SNAPSHOTS: following.Poller[tuple[str, str], Any] = following.Poller(
-    "snapshots", SNAPSHOT_POLL_SECS, _read_snapshots
+    "snapshots", SNAPSHOT_POLL_SECS, _read_snapshots, SNAPSHOT_POLL_PER_TASK
 )
 """Every deletion's checkpoint snapshot, followed with one list per namespace per poll
 (of the awaited checkpoints' snapshots only, by label)."""
