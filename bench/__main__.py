@@ -1,6 +1,6 @@
 """``python -m bench``: run the benchmarks, print the report, optionally record it.
 
-``python -m bench [--scenario drain|pipeline|delete|recovery|audit|ledger|fleet ...] [--quick]
+``python -m bench [--scenario NAME ...] [--quick]
 [--write]``. ``--write`` records the scenarios run in ``results.json`` and ``RESULTS.md``
 and keeps the others' results; it draws each scenario's PNG (latency against scale, with
 the floor) into ``bench/plots/``. Without ``--write`` the PNGs are drawn into a temporary
@@ -21,10 +21,10 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import audit_cost, delete, drain, fleet, ledger, pipeline, plot, recovery, report
+from bench import audit_cost, delete, drain, fanout, fleet, ledger, pipeline, plot, recovery, report
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "ledger", "fleet")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "ledger", "fleet", "fanout")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
@@ -41,6 +41,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return fleet.run(args.quick, root, args.redis_port, args.fleet_database_url)
         if name == "audit":
             return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
+        if name == "fanout":
+            return fanout.run(args.quick, root, args.redis_port)
         return delete.run(args.quick, root, args.redis_port)
 
 

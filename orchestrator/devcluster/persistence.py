@@ -13,9 +13,14 @@ What must stay true: the snapshot is encoded on the event loop in one go (a requ
 never sees half a save, and the objects cannot change under the encoder); only the
 write runs in a thread; a save happens at most once per ``interval`` however many
 changes come, so a thousand objects cost one encoding per interval and not one per
-write; the last save, on a clean stop, has everything. A SIGKILL loses at most the
-changes of the last interval, and the controllers re-converge those (they list again
-after the restart, as after a real server's compaction). Standard library only.
+write, and once encoding takes longer than a tenth of that, at most once per
+:data:`SAVE_PACE` times the last encoding's time, so the saver never holds the API's
+event loop more than a tenth of the time whatever the state's size (a fan-out of
+hundreds of tasks with their events and snapshots otherwise had the loop encoding most of
+the time, and every request waited behind it); the last save, on a clean stop, has
+everything. A SIGKILL loses at most the changes of the last interval, and the
+controllers re-converge those (they list again after the restart, as after a real
+server's compaction). Standard library only.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ API_STATE_FILE: Final = "api-state.json"
 FORMAT: Final = 1
 """The version of the file's layout; a file of another version is refused, not guessed."""
 SAVE_INTERVAL_SECS: Final = 0.15
+SAVE_PACE: Final = 10.0
+"""A save comes at least this many times its encoding's duration after the last one."""
 
 
 class StateFileError(Exception):
@@ -138,6 +145,7 @@ class StateSaver:
         self.path = path
         self.interval = interval
         self._saved: str | None = None  # the resourceVersion on disk
+        self._encoding = 0.0  # how long the last save's encoding held the event loop
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -153,7 +161,8 @@ class StateSaver:
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.interval)
+                pause = max(self.interval, SAVE_PACE * self._encoding)
+                await asyncio.wait_for(self._closing.wait(), pause)
             # Read before the save: a close that comes while a save writes may follow
             # changes that save did not encode, so it gets one more round.
             last = self._closing.is_set()
@@ -171,6 +180,7 @@ class StateSaver:
         started = time.monotonic()
         text = encode(self.state.snapshot())
         encoded = time.monotonic()
+        self._encoding = encoded - started
         await asyncio.to_thread(write_atomically, self.path, text)
         self._saved = version
         log.debug(

@@ -39,7 +39,10 @@ mounts that PVC is not started (it waits, like a Pending pod) until the copy is 
 place; a snapshot deleted takes its copy with it.
 
 It polls (every ``interval``) instead of watching: a level-triggered loop that converges
-whatever it missed, which is all a stand-in needs.
+whatever it missed, which is all a stand-in needs. Between polls, :meth:`SandboxController.
+wake` (``drainctl dev up`` calls it when a VolumeSnapshot or a PVC is created) has the CSI
+driver converge at once, as the external-snapshotter reacts to its watch: a deletion or a
+pause waits for its snapshot, and a poll's interval was most of that wait.
 """
 
 from __future__ import annotations
@@ -270,6 +273,7 @@ class SandboxController:
         self.env = env or {}
         self.pods: dict[str, Pod] = {}
         self.stopping = asyncio.Event()
+        self.woken = asyncio.Event()
         self.driver = csi.HostPathDriver(state_dir)
         self._waiting: dict[str, str] = {}  # Sandbox uid → why its pod waits, logged once
         self._reported: dict[str, dict[str, Any]] = {}  # Sandbox uid → the status written
@@ -289,16 +293,44 @@ class SandboxController:
                     await self.converge()
                 except Exception:  # one bad poll must not stop the pods' lifecycle
                     log.exception("sandbox_controller_poll_failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), self.interval)
+                next_poll = time.monotonic() + self.interval
+                while await self._woken_before(next_poll):
+                    await self.converge_volumes()
         finally:
             await asyncio.gather(*(self.stop_pod(key) for key in list(self.pods)))
 
-    async def converge(self) -> None:
+    def wake(self) -> None:
+        """Have the CSI driver converge now rather than at the next poll (a snapshot or a
+        PVC was created); wakes during a pass give one more pass after it."""
+        self.woken.set()
+
+    async def _woken_before(self, deadline: float) -> bool:
+        """Whether :meth:`wake` came before ``deadline`` (False: the poll is due, or the
+        controller is stopping)."""
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        woken = asyncio.ensure_future(self.woken.wait())
+        try:
+            await asyncio.wait({stopping, woken}, timeout=max(deadline - time.monotonic(), 0),
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            stopping.cancel()
+            woken.cancel()
+        if self.stopping.is_set() or not self.woken.is_set():
+            return False
+        self.woken.clear()
+        return True
+
+    async def converge_volumes(self) -> None:
+        """The CSI driver's pass alone: snapshots taken, restores filled, PVCs bound."""
         try:
             await asyncio.to_thread(self.driver.converge)
-        except Exception:  # volumes and snapshots must not hold up the pods' lifecycle
+        except Exception:
             log.exception("csi_driver_poll_failed")
+
+    async def converge(self) -> None:
+        self.woken.clear()  # this pass is the driver's too
+        # Volumes and snapshots must not hold up the pods' lifecycle: failures are logged.
+        await self.converge_volumes()
         wanted: dict[str, tuple[str, dict[str, Any]]] = {}
         # Every version serves the same stored objects, so each is read through the storage
         # version only, as the real controller does (a suspension written at the other

@@ -54,6 +54,7 @@ from orchestrator.devcluster.apiserver import DevClusterError, EmbeddedApiServer
 from orchestrator.devcluster.kubeconfig import DEV_TOKEN, kubeconfig_document, write_kubeconfig
 from orchestrator.devcluster.persistence import API_STATE_FILE, StateFileError
 from orchestrator.devcluster.sandbox_controller import DAEMON_METRICS_DIR, SandboxController
+from orchestrator.devcluster.store import WatchQuery
 from orchestrator.ledger.migrate import upgrade
 from orchestrator.operator.crd import (
     SANDBOX_CRD,
@@ -63,6 +64,7 @@ from orchestrator.operator.crd import (
     SNAPSHOT_CONTENT_PLURAL,
     SNAPSHOT_GROUP,
     SNAPSHOT_PLURAL,
+    SNAPSHOT_VERSION,
 )
 from worker_agent.children import KeptProcess
 
@@ -241,6 +243,27 @@ def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str
     return crds
 
 
+SNAPSHOTS_KEY: Final = (SNAPSHOT_GROUP, SNAPSHOT_VERSION, SNAPSHOT_PLURAL)
+PVCS_KEY: Final = ("", "v1", "persistentvolumeclaims")
+
+
+async def wake_on_creation(
+    api: EmbeddedApiServer, key: tuple[str, str, str], controller: SandboxController
+) -> None:
+    """Wake the stand-in controller's CSI driver whenever an object of ``key`` is
+    created (a watch of the API's own store, in process), until the API stops; a
+    resource it does not serve (``--no-snapshots``) is not watched."""
+    state = api.emulator.state
+    resource = state.registry.lookup(*key)
+    if resource is None:
+        return
+    query = WatchQuery(resource, None, None)
+    since = state.resource_version
+    async for event in state.open_watch(query, since=since, send_initial=False, timeout=None):
+        if event.get("type") == "ADDED":
+            controller.wake()
+
+
 async def run_dev_up(
     *,
     kubeconfig: Path,
@@ -344,6 +367,10 @@ async def run_dev_up(
             operator_process.start()
         auditor.start()
         controller_task = asyncio.get_running_loop().create_task(controller.run())
+        wakers = [
+            asyncio.get_running_loop().create_task(wake_on_creation(api, key, controller))
+            for key in (SNAPSHOTS_KEY, PVCS_KEY)
+        ]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -379,6 +406,8 @@ async def run_dev_up(
                 await operator_process.wait_stopped(within=30)
             await auditor.wait_stopped(within=30)
             controller.stopping.set()
+            for waker in wakers:
+                waker.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await controller_task
             worker.request_stop()

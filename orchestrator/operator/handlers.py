@@ -28,7 +28,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar, cast
@@ -47,7 +47,7 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import CHECKPOINTED_STATES, TERMINAL_STATES
-from orchestrator.operator import children, crd, events, kube, permissions, serving  # noqa: F401 - serving: its startup handler
+from orchestrator.operator import children, crd, events, following, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
@@ -131,8 +131,12 @@ DELETE_FOLLOW_SECS = 10.0
 DELETE_POLL_SECS = 0.02
 DAEMON_LOOK_SECS = 2.0
 """How often a deletion's drain looks whether a daemon is left to answer it."""
-SNAPSHOT_POLL_SECS = 0.1
-"""How often a deletion waiting for its checkpoint's snapshot looks whether it is ready."""
+SNAPSHOT_POLL_SECS = 0.02
+"""How often the deletions waiting for their checkpoints' snapshots look whether they are
+ready (one list of them all), stretched by ``SNAPSHOT_POLL_PER_TASK`` for each."""
+SNAPSHOT_POLL_PER_TASK = 0.0005
+SNAPSHOT_LOOK_SECS = 1.0
+"""How long a deletion waits on the shared snapshot poll before it asks again itself."""
 
 
 @dataclass(frozen=True)
@@ -1690,10 +1694,45 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
             if (cause := await r.no_daemon_to_answer(spec)) is not None:
                 await _force_delete(r, op, cause)
                 return
-        if time.monotonic() > follow_until:
+        left = follow_until - time.monotonic()
+        if left < 0:
             raise kopf.TemporaryError(f"drain {op.id} is {op.state}", delay=0.5)
-        await asyncio.sleep(DELETE_POLL_SECS)
-        op = await _ledger_call(r.ledger.get_operation, op.id)
+        # Woken when the drain's state moves (one ledger read per poll for every deletion
+        # followed at once), or at the next look for a daemon, whichever is first.
+        within = min(left, max(next_look - time.monotonic(), 0.0) + DELETE_POLL_SECS)
+        op = await _DRAINS.until(op.id, _moved_from(op.state), within) or op
+
+
+async def _read_drains(op_ids: Collection[str]) -> Mapping[str, OperationView]:
+    return await _ledger_call(get_ledger().get_operations, op_ids)
+
+
+async def _read_snapshots(keys: Collection[tuple[str, str]]) -> Mapping[tuple[str, str], Any]:
+    found: dict[tuple[str, str], Any] = {}
+    for namespace in sorted({namespace for namespace, _ in keys}):
+        refs = [ref for where, ref in keys if where == namespace]
+        listed = await kube.list_checkpoint_snapshots(namespace, refs)
+        found.update({(namespace, name): obj for name, obj in listed.items()})
+    return found
+
+
+def _moved_from(state: OperationState) -> Callable[[OperationView | None], bool]:
+    return lambda seen: seen is not None and seen.state != state
+
+
+def _snapshot_ready(snapshot: Any) -> bool:
+    return snapshot_state(snapshot).progress is SnapshotProgress.READY
+
+
+_DRAINS: following.Poller[str, OperationView] = following.Poller(
+    "drains", DELETE_POLL_SECS, _read_drains
+)
+"""Every deletion's drain, followed in the ledger with one read per poll."""
+_SNAPSHOTS: following.Poller[tuple[str, str], Any] = following.Poller(
+    "snapshots", SNAPSHOT_POLL_SECS, _read_snapshots, SNAPSHOT_POLL_PER_TASK
+)
+"""Every deletion's checkpoint snapshot, followed with one list per namespace per poll
+(of the awaited checkpoints' snapshots only, by label)."""
 
 
 async def _workspace_goes_with(r: Reconciler, why: str) -> None:
@@ -1724,9 +1763,12 @@ async def _release_with_checkpoint(r: Reconciler, ref: str) -> None:
     await kube.patch_task_status(r.namespace, r.name, dict(r.patch.status))
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS
     while not await r.snapshot_settled(ref):
-        if time.monotonic() > follow_until:
+        left = follow_until - time.monotonic()
+        if left < 0:
             raise kopf.TemporaryError(f"waiting for the snapshot of checkpoint {ref}", delay=0.5)
-        await asyncio.sleep(SNAPSHOT_POLL_SECS)
+        # Its snapshot is named by the checkpoint (``snapshot_settled``); asked again at
+        # once when the shared poll sees it ready, else after a bounded wait.
+        await _SNAPSHOTS.until((r.namespace, ref), _snapshot_ready, min(left, SNAPSHOT_LOOK_SECS))
     retained = await kube.retain_pvc(r.namespace, r.pvc_name, ref)
     where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from kubernetes import client, config
@@ -459,6 +459,23 @@ async def get_snapshot(namespace: str, name: str) -> dict[str, Any] | None:
     return await _get_custom(
         crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_PLURAL, namespace, name
     )
+
+
+async def list_checkpoint_snapshots(
+    namespace: str, refs: Collection[str]
+) -> dict[str, dict[str, Any]]:
+    """The VolumeSnapshots of checkpoints ``refs`` in ``namespace`` (by their checkpoint
+    label), by name, in one call."""
+    selector = f"{crd.CHECKPOINT_LABEL} in ({','.join(sorted(refs))})"
+
+    def call() -> dict[str, dict[str, Any]]:
+        listed = client.CustomObjectsApi().list_namespaced_custom_object(
+            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL,
+            label_selector=selector,
+        )  # fmt: skip
+        return {str(item["metadata"]["name"]): item for item in listed.get("items") or []}
+
+    return await asyncio.to_thread(call)
 
 
 async def delete_snapshot(namespace: str, name: str) -> bool:

@@ -36,7 +36,7 @@ def test_the_quick_benchmark_exits_0_with_results_for_every_scenario(tmp_path: P
     results = json.loads((copy / "results.json").read_text())
     assert results["quick"] is True
     assert sorted(results["scenarios"]) == [
-        "audit", "delete", "drain", "fleet", "ledger", "pipeline", "recovery"
+        "audit", "delete", "drain", "fanout", "fleet", "ledger", "pipeline", "recovery"
     ]  # fmt: skip
     for name, scenario in results["scenarios"].items():
         assert scenario["checks"], name

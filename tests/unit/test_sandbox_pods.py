@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
-from orchestrator.devcluster.sandbox_controller import POD_FINALIZER, POD_LABEL, pod_manifest
+from orchestrator.devcluster.sandbox_controller import (
+    POD_FINALIZER,
+    POD_LABEL,
+    SandboxController,
+    pod_manifest,
+)
 from orchestrator.operator.crd import SANDBOX_V1ALPHA1, TASK_LABEL
 
 SANDBOX = {
@@ -88,3 +96,34 @@ def test_the_stand_in_honours_each_versions_suspension_field(
 
     meta = {"name": "s", "deletionTimestamp": "2026-12-05T08:00:00Z"} if deleting else {"name": "s"}
     assert should_run(version, {"metadata": meta, "spec": spec}) is runs
+
+
+class Passes(SandboxController):
+    """The stand-in's loop as it runs, its passes' work recorded instead of done."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir, interval=3600)
+        self.passes: asyncio.Queue[str] = asyncio.Queue()
+
+    async def converge(self) -> None:
+        self.woken.clear()
+        self.passes.put_nowait("poll")
+
+    async def converge_volumes(self) -> None:
+        self.passes.put_nowait("volumes")
+
+
+def test_a_wake_has_the_csi_driver_converge_at_once_rather_than_at_the_next_poll(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> list[str]:
+        controller = Passes(tmp_path)
+        running = asyncio.get_running_loop().create_task(controller.run())
+        seen = [await asyncio.wait_for(controller.passes.get(), 10)]
+        controller.wake()
+        seen.append(await asyncio.wait_for(controller.passes.get(), 10))
+        controller.stopping.set()
+        await asyncio.wait_for(running, 10)
+        return seen
+
+    assert asyncio.run(scenario()) == ["poll", "volumes"]

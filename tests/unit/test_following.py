@@ -1,0 +1,73 @@
+"""``following.Poller``: the waits a fan-out of deletions shares, one read per poll for
+every awaited key, each wait bounded and handed what was read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+
+from orchestrator.operator.following import Poller
+
+
+class Store:
+    """What the poller reads: a dict, and every read it was asked for."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.asked: list[set[str]] = []
+        self.failing = False
+
+    async def read(self, keys: Collection[str]) -> Mapping[str, str]:
+        self.asked.append(set(keys))
+        if self.failing:
+            raise ConnectionError("the ledger is away")
+        return {k: self.values[k] for k in keys if k in self.values}
+
+
+def test_fifty_waits_are_served_by_reads_of_every_key_at_once_and_each_wakes_on_its_change() -> (
+    None
+):
+    store = Store()
+    store.values = {f"op-{i}": "draining" for i in range(50)}
+    poller = Poller("drains", 0.01, store.read)
+
+    async def scenario() -> list[str | None]:
+        waits = [poller.until(f"op-{i}", lambda seen: seen == "recorded", 10) for i in range(50)]
+        woken = asyncio.gather(*waits)
+        await asyncio.sleep(0.05)
+        for i in range(50):
+            store.values[f"op-{i}"] = "recorded"
+        return await woken
+
+    assert asyncio.run(scenario()) == ["recorded"] * 50
+    assert {f"op-{i}" for i in range(50)} in store.asked
+    assert len(store.asked) < 50  # one read per poll, not one per wait
+
+
+def test_a_wait_that_sees_no_change_hands_back_what_was_read_last_when_its_bound_is_up() -> None:
+    store = Store()
+    store.values = {"op-1": "draining"}
+    poller = Poller("drains", 0.01, store.read)
+
+    async def scenario() -> tuple[str | None, str | None]:
+        seen = await poller.until("op-1", lambda seen: seen == "recorded", 0.1)
+        absent = await poller.until("op-2", lambda seen: seen is not None, 0.1)
+        return seen, absent
+
+    assert asyncio.run(scenario()) == ("draining", None)
+
+
+def test_a_read_that_fails_leaves_the_waits_to_their_bound_and_the_next_read_wakes_them() -> None:
+    store = Store()
+    store.values = {"op-1": "recorded"}
+    store.failing = True
+    poller = Poller("drains", 0.01, store.read)
+
+    async def scenario() -> tuple[str | None, str | None]:
+        bounded = await poller.until("op-1", lambda seen: seen == "recorded", 0.1)
+        store.failing = False
+        woken = await poller.until("op-1", lambda seen: seen == "recorded", 10)
+        return bounded, woken
+
+    assert asyncio.run(scenario()) == (None, "recorded")
+    assert len(store.asked) >= 2
