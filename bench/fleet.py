@@ -107,15 +107,17 @@ class Daemons(threading.Thread):
         self.interval = interval
         self.tasks: dict[str, str] = {}
         """name → uid, of the tasks whose daemon runs."""
-        self.idle: dict[str, float] = {}
-        """name → idle_for_secs of its next heartbeats (absent: not idle)."""
+        self.idle_since: dict[str, float] = {}
+        """name → since when (``time.monotonic``) its agent is idle (absent: not idle):
+        each heartbeat says how long, as a daemon's idle clock does."""
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.sent = 0
 
     def send(self, name: str) -> None:
         with self.lock:
-            uid, idle_for = self.tasks[name], self.idle.get(name)
+            uid, since = self.tasks[name], self.idle_since.get(name)
+        idle_for = None if since is None else time.monotonic() - since
         now = time.time()
         report = ActivityReport(
             namespace=NAMESPACE, name=name, task_uid=uid, seq=time.time_ns(), reported_at=now,
@@ -308,7 +310,7 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         idles = []
         for name in running[samples : 2 * samples]:
             with daemons.lock:
-                daemons.idle[name] = IDLE_TIMEOUT_SECS - IDLE_DUE_IN_SECS
+                daemons.idle_since[name] = time.monotonic() - (IDLE_TIMEOUT_SECS - IDLE_DUE_IN_SECS)
             daemons.send(name)
             activity = wait_for(f"{name}'s idle heartbeat stored", 30, idle_stored(ledger, name))
             assert activity.received_at is not None and activity.idle_for_secs is not None
