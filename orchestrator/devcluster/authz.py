@@ -39,6 +39,7 @@ import kmock
 
 from orchestrator.devcluster import errors
 from orchestrator.devcluster.resources import ResourceKey, ServedResource
+from orchestrator.devcluster.selectors import is_watch
 
 RBAC_GROUP: Final = "rbac.authorization.k8s.io"
 AUTHORIZATION_GROUP: Final = "authorization.k8s.io"
@@ -114,9 +115,7 @@ def attributes_of(request: kmock.Request) -> Attributes | None:
     """The attributes of a resource request; None for discovery and other paths."""
     if request.resource is None:
         return None
-    verb = verb_of(
-        request.method.value, request.name is not None, request.params.get("watch") in ("true", "1")
-    )
+    verb = verb_of(request.method.value, request.name is not None, is_watch(request.params))
     if verb is None:
         return None
     return Attributes(

@@ -57,6 +57,7 @@ from orchestrator.devcluster import (
     tables,
 )
 from orchestrator.devcluster.resources import ResourceRegistry, ServedResource
+from orchestrator.devcluster.selectors import is_watch
 from orchestrator.devcluster.store import ClusterState, WatchQuery
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def _action(address: Address | None, method: str, query: Mapping[str, str]) -> k
     if address is None:
         return None
     if method == "GET":
-        if query.get("watch") in ("true", "1"):
+        if is_watch(query):
             return kmock.action.WATCH
         return kmock.action.FETCH if address.name else kmock.action.LIST
     actions = {
@@ -394,7 +395,7 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
             raise errors.unknown_resource()
         method = request.method.value
         if method == "GET":
-            if request.params.get("watch") in ("true", "1"):
+            if is_watch(request.params):
                 return await self._watch(request, raw, served)
             if request.name is not None:
                 obj = self.state.get(served, request.namespace, request.name)

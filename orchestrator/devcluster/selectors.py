@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 
 class SelectorError(ValueError):
@@ -120,3 +120,13 @@ def _field_value(obj: Mapping[str, Any], path: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+TRUE_VALUES: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+"""What the Kubernetes API reads as true in a query (Go's ``strconv.ParseBool``): the
+Python client sends ``watch=True``, kubectl ``watch=true``."""
+
+
+def is_watch(params: Mapping[str, str]) -> bool:
+    """Whether a GET's query asks for a watch."""
+    return params.get("watch") in TRUE_VALUES

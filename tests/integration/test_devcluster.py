@@ -175,7 +175,7 @@ class Cluster:
 
     def watch(self, path: str, **params: str) -> list[dict[str, Any]]:
         """A watch read to its end (the server ends it at ``timeoutSeconds``)."""
-        query = urllib.parse.urlencode({"watch": "true", **params})
+        query = urllib.parse.urlencode({"watch": "true", **params})  # params may replace it
         with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=30) as response:
             return [json.loads(line) for line in response.read().splitlines() if line.strip()]
 
@@ -492,6 +492,17 @@ def test_a_watch_resumes_from_a_list_resource_version_and_ends_at_its_timeout(
     assert versions == sorted(versions) and versions[0] > int(since)
     initial = tasks.watch(TASKS, timeoutSeconds="0.2")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in initial] == [("ADDED", "before")]
+
+
+@pytest.mark.parametrize("flag", ["True", "1", "t", "TRUE"])
+def test_watch_is_read_as_the_api_reads_a_boolean(tasks: Cluster, flag: str) -> None:
+    """The Python client sends ``watch=True``: a watch, not a list (as the API reads any
+    of Go's true values); an unknown value is no watch."""
+    tasks.request("POST", TASKS, task("seen"))
+    events = tasks.watch(TASKS, watch=flag, timeoutSeconds="0.2")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "seen")]
+    listed = tasks.watch(TASKS, watch="yes", timeoutSeconds="0.2")
+    assert [e["kind"] for e in listed] == ["CalibanTaskList"]
 
 
 def test_a_watch_from_a_version_older_than_the_log_is_told_to_list_again(tasks: Cluster) -> None:
