@@ -1,6 +1,6 @@
 """``python -m bench``: run the benchmarks, print the report, optionally record it.
 
-``python -m bench [--scenario drain|pipeline|delete|recovery|audit ...] [--quick]
+``python -m bench [--scenario drain|pipeline|delete|recovery|audit|resume|wake ...] [--quick]
 [--write]``. Exit 0 when every check passes (under ``--quick`` the budgets are advisory:
 small N and one repetition say nothing about them, so only correctness decides), 1 when
 a budget is missed, 2 when a correctness check fails or a scenario errors.
@@ -15,20 +15,24 @@ import sys
 import time
 import traceback
 
-from bench import audit_cost, delete, drain, pipeline, recovery, report
+from bench import audit_cost, delete, drain, pipeline, recovery, report, resume, wake
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit")
+SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "resume", "wake")
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
     if name == "drain":
         return drain.run(args.quick)
+    if name == "resume":
+        return resume.run(args.quick)
     with short_tmp(f"cd-{name[:3]}-") as root:
         if name == "pipeline":
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
         if name == "recovery":
             return recovery.run(args.quick, root, args.redis_port)
+        if name == "wake":
+            return wake.run(args.quick, root, args.redis_port)
         if name == "audit":
             return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
         return delete.run(args.quick, root, args.redis_port)

@@ -35,7 +35,9 @@ def test_the_quick_benchmark_exits_0_with_results_for_every_scenario(tmp_path: P
     assert done.returncode == 0, f"{failures}\n{done.stderr[-4000:]}\n{done.stdout[-1500:]}"
     results = json.loads((copy / "results.json").read_text())
     assert results["quick"] is True
-    assert sorted(results["scenarios"]) == ["audit", "delete", "drain", "pipeline", "recovery"]
+    assert sorted(results["scenarios"]) == [
+        "audit", "delete", "drain", "pipeline", "recovery", "resume", "wake",
+    ]  # fmt: skip
     for name, scenario in results["scenarios"].items():
         assert scenario["checks"], name
         assert all(c["ok"] for c in scenario["checks"] if not c["budget"]), (name, scenario)
