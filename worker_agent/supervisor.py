@@ -249,6 +249,7 @@ class Supervisor:
                 cwd=cwd,
                 stdout=transcript_file(directory),
                 stderr=stderr_file(directory),
+                nice=self.settings.worker_nice,
             )
         except LaunchError as exc:
             self.registry.update(agent, status=AgentStatus.FAILED, error=str(exc))
