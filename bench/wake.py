@@ -272,9 +272,9 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             "stand-in starts the pod → daemon and its consumer → resume of the checkpoint's "
             "agents → heartbeat → operator: `Running`.",
             f"{agents} scripted agents `model={MODEL!r}`; {repeat} repetition(s) of pause "
-            f"(untimed) then wake; the dev stack's default timing (its operator has "
-            f"DRAIN_RECONCILE_INTERVAL_SECS={interval}: it reconciles on a kopf timer, so the "
-            "first milestone includes the wait for its next pass).",
+            f"(untimed) then wake; the dev stack's default timing "
+            f"(DRAIN_RECONCILE_INTERVAL_SECS={interval or 'unset'} in its processes' "
+            "environment); the first milestone includes any wait for the operator's next pass.",
             "Every figure is a milestone's time after the wake request, from timestamps the "
             "system wrote (ledger rows, JSON log lines, the workers' transcripts); `Running` "
             "is when a GET polled every 5 ms first answered it.",
