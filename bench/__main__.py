@@ -21,10 +21,34 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import audit_cost, delete, drain, fanout, fleet, ledger, pipeline, plot, recovery, report
+from bench import (
+    audit_cost,
+    delete,
+    drain,
+    fanout,
+    fleet,
+    ledger,
+    pipeline,
+    plot,
+    recovery,
+    report,
+    resume,
+    wake,
+)
 from worker_agent.testing import short_tmp
 
-SCENARIOS = ("drain", "pipeline", "delete", "recovery", "audit", "ledger", "fleet", "fanout")
+SCENARIOS = (
+    "drain",
+    "resume",
+    "pipeline",
+    "delete",
+    "recovery",
+    "wake",
+    "audit",
+    "ledger",
+    "fleet",
+    "fanout",
+)
 
 
 def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
@@ -32,6 +56,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
         return drain.run(args.quick)
     if name == "ledger":
         return ledger.run(args.quick, args.ledger_database_url)
+    if name == "resume":
+        return resume.run(args.quick)
     with short_tmp(f"cd-{name[:3]}-") as root:
         if name == "pipeline":
             return pipeline.run(args.quick, root, args.redis_port, args.database_url)
@@ -39,6 +65,8 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return recovery.run(args.quick, root, args.redis_port)
         if name == "fleet":
             return fleet.run(args.quick, root, args.redis_port, args.fleet_database_url)
+        if name == "wake":
+            return wake.run(args.quick, root, args.redis_port)
         if name == "audit":
             return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
         if name == "fanout":

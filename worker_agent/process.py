@@ -72,7 +72,11 @@ class WorkerProcess:
         cwd: Path,
         stdout: Path,
         stderr: Path,
+        nice: int = 0,
     ) -> WorkerProcess:
+        """Start ``argv``; with ``nice``, that many levels below this process's priority
+        (set from here once it runs, since ``preexec_fn`` is unsafe in a process with
+        threads: its first instants run at this process's priority)."""
         out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -91,6 +95,10 @@ class WorkerProcess:
         finally:
             os.close(out)
             os.close(err)
+        if nice:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+                os.setpriority(os.PRIO_PROCESS, popen.pid, niceness)
         return cls(popen)
 
     def _reap(self) -> None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict, Unpack
 
 from worker_agent.process import WorkerProcess
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, SpawnSpec
+from worker_agent.session import sync_filesystem
 from worker_agent.store import Store
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,20 @@ class Registry:
                 self.store.save_manifest(agent.record, durable=durable)
             except OSError as exc:
                 log.warning("manifest_unwritten agent=%s error=%s", agent.id, exc)
+
+    def save(self, records: Sequence[AgentRecord], *, sync: bool) -> None:
+        """Write these records' manifests as they are (each once, not fsynced), then with
+        ``sync`` make the store durable in one syncfs. Blocking: a drain runs it in a
+        thread, with ``records`` taken on the event loop (a record is replaced, never
+        changed in place, so each is the state it had then). A manifest that cannot be
+        written is logged and left as it was, as in ``update``."""
+        for record in records:
+            try:
+                self.store.save_manifest(record, durable=False)
+            except OSError as exc:
+                log.warning("manifest_unwritten agent=%s error=%s", record.id, exc)
+        if sync:
+            sync_filesystem(self.store.root)
 
     def live(self) -> list[Agent]:
         return [a for a in self if a.live]

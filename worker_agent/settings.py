@@ -43,6 +43,12 @@ class DaemonSettings(BaseSettings):
     """Grace used when the daemon itself is told to stop (SIGTERM, ``shutdown``)."""
     max_agents: int = Field(default=300, ge=1, le=10_000)
     """Agents one daemon keeps at most (live or not); a spawn past it is refused."""
+    worker_nice: int = Field(default=5, ge=0, le=19)
+    """How much lower than the daemon's own the scheduling priority of its workers is
+    (nice levels). A daemon shares its CPUs with its agents: at equal priority a hundred
+    busy workers leave it a hundredth of a core, and a drain request (a pod being
+    deleted, within its grace period) waits behind their status reports. 0 runs them
+    at the daemon's priority."""
     kill_grace_secs: float = Field(default=5.0, ge=0, le=MAX_GRACE_SECS, allow_inf_nan=False)
     """How long ``kill`` waits after SIGTERM before SIGKILL."""
     queue: str | None = Field(default=None, pattern=r"^caliband\.[a-z0-9-]+\.[a-z0-9.-]+$")

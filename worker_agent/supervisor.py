@@ -32,7 +32,6 @@ from worker_agent.session import (
     atomic_write,
     decode_session,
     load_session,
-    sync_filesystem,
 )
 from worker_agent.settings import DaemonSettings
 from worker_agent.store import Store, lock_is_held
@@ -53,6 +52,8 @@ class Supervisor:
         self.socket_path = settings.socket_path().resolve()
         self.deadline_file = drain_deadline_file(self.store.root)
         self._drain: asyncio.Task[list[ResumeRef]] | None = None
+        self._drained_refs: dict[str, ResumeRef] = {}
+        """Agent id → the ref made when a drain's worker exited; the drain answers it."""
         self.stopping = asyncio.Event()
 
     def open(self) -> None:
@@ -248,6 +249,7 @@ class Supervisor:
                 cwd=cwd,
                 stdout=transcript_file(directory),
                 stderr=stderr_file(directory),
+                nice=self.settings.worker_nice,
             )
         except LaunchError as exc:
             self.registry.update(agent, status=AgentStatus.FAILED, error=str(exc))
@@ -267,18 +269,38 @@ class Supervisor:
             status = agent.stop_reason
         else:
             status = AgentStatus.DONE if code == 0 else AgentStatus.FAILED
+        if status is AgentStatus.DRAINED:
+            await self._drained_exit(agent, code)
+            return
         turns = agent.record.turns
-        draining = status is AgentStatus.DRAINED
-        if not draining:  # a drain reads every session.json once, when it builds the refs
-            with contextlib.suppress(SessionError):
-                turns = load_session(Path(agent.record.session_dir)).turns
+        with contextlib.suppress(SessionError):
+            turns = load_session(Path(agent.record.session_dir)).turns
         if self.registry.find(agent.id) is agent:
-            # A drain makes its exits durable in one sync before it replies, so the
-            # event loop is not held by an fsync per agent while workers are exiting.
-            self.registry.update(
-                agent, durable=not draining, status=status, exit=code, turns=turns, idle_since=None
-            )
+            self.registry.update(agent, status=status, exit=code, turns=turns, idle_since=None)
         log.info("agent_exited agent=%s exit=%d status=%s turns=%d", agent.id, code, status, turns)
+
+    async def _drained_exit(self, agent: Agent, code: int) -> None:
+        """Record the exit of a worker a drain stopped, and its ``ResumeRef`` for the
+        drain's answer, while the other workers are still exiting.
+
+        Its session dir is final (the worker is reaped and its group killed), so the ref
+        verified now is the one the drain answers. The session is read and the manifest
+        written in a thread, not on the event loop, which meanwhile reaps the others:
+        a rename over the old manifest can wait on the disk (ext4 flushes the new data
+        on it) while a hundred workers fsync their sessions. The drain makes every
+        manifest durable in one sync before it replies; until then the manifest still
+        says the agent was live, which a restarted daemon reads as ``crashed``:
+        resumable, the safe side."""
+        if self.registry.find(agent.id) is not agent:
+            return
+        self.registry.update(
+            agent, persist=False, status=AgentStatus.DRAINED, exit=code, idle_since=None
+        )
+        ref = await asyncio.to_thread(self._resume_ref, agent.record)
+        self._drained_refs[agent.id] = ref
+        self.registry.update(agent, persist=False, turns=ref.turns)
+        await asyncio.to_thread(self.registry.save, [agent.record], sync=False)
+        log.info("agent_exited agent=%s exit=%d status=drained turns=%d", agent.id, code, ref.turns)
 
     def _endpoint(self, agent: Agent) -> str:
         return f"unix:{Path(agent.record.session_dir) / AGENT_SOCKET}"
@@ -375,7 +397,7 @@ class Supervisor:
         stragglers = await self._stop_gracefully(stopping, grace)
         # A retired agent is in the checkpoint of the scale-down that retired it, no
         # longer in the task's: it stays out of every later checkpoint.
-        refs = await self._verified_refs(self.registry.active(), durable=bool(stopping))
+        refs = await self._verified_refs(self.registry.active(), stopping)
         log.info(
             "drained agents=%d stopped=%d killed=%d unclean=%d secs=%.3f",
             len(refs),
@@ -401,7 +423,7 @@ class Supervisor:
             self.registry.update(agent, retired=True)
         stopping = [a for a in leaving if a.process is not None]
         stragglers = await self._stop_gracefully(stopping, grace)
-        refs = await self._verified_refs(leaving, durable=bool(stopping))
+        refs = await self._verified_refs(leaving, stopping)
         log.info(
             "retired agents=%d kept=%d stopped=%d killed=%d unclean=%d secs=%.3f",
             len(refs),
@@ -424,6 +446,7 @@ class Supervisor:
             # without the file fall back to CALIBAN_DRAIN_GRACE_SECS, and every session
             # already on disk is still verified below.
             log.warning("drain_deadline_unwritten path=%s error=%s", self.deadline_file, exc)
+        self._drained_refs.clear()
         for agent in stopping:  # signal first; bookkeeping after
             assert agent.process is not None
             agent.stop_reason = AgentStatus.DRAINED
@@ -445,21 +468,31 @@ class Supervisor:
             self.deadline_file.unlink()
         return stragglers
 
-    async def _verified_refs(self, agents: list[Agent], *, durable: bool) -> list[ResumeRef]:
-        """One verified ``ResumeRef`` per agent, its record's turns brought in line; with
-        ``durable``, the stopped agents' manifests are made durable (one syncfs of the
-        store) before the refs are answered."""
-        refs = [self._resume_ref(agent) for agent in agents]
-        for agent, ref in zip(agents, refs, strict=True):
+    async def _verified_refs(self, agents: list[Agent], stopped: list[Agent]) -> list[ResumeRef]:
+        """One verified ``ResumeRef`` per agent, its record's turns brought in line: for
+        the agents ``stopped`` by this drain the ref made as each exited
+        (``_drained_exit``), for the others one made now. When any agent was stopped,
+        every manifest is made durable by one syncfs of the store before the refs are
+        answered."""
+        just_stopped = {a.id for a in stopped}
+        refs = []
+        changed = []
+        for agent in agents:
+            ref = self._drained_refs.pop(agent.id, None) if agent.id in just_stopped else None
+            if ref is None:
+                ref = self._resume_ref(agent.record)
             if agent.record.turns != ref.turns:
-                self.registry.update(agent, durable=False, turns=ref.turns)
-        if durable:
-            await asyncio.to_thread(sync_filesystem, self.store.root)
+                self.registry.update(agent, persist=False, turns=ref.turns)
+                changed.append(agent.record)
+            refs.append(ref)
+        if changed or stopped:
+            await asyncio.to_thread(self.registry.save, changed, sync=bool(stopped))
         return refs
 
-    def _resume_ref(self, agent: Agent) -> ResumeRef:
-        directory = Path(agent.record.session_dir)
-        record = agent.record
+    def _resume_ref(self, record: AgentRecord) -> ResumeRef:
+        """The ref of ``record``'s session as it is on disk (reads files only, so a drain
+        runs it in a thread)."""
+        directory = Path(record.session_dir)
         try:
             size = session_file(directory).stat().st_size
             if size > MAX_SESSION_BYTES:
@@ -467,7 +500,7 @@ class Supervisor:
             raw = session_file(directory).read_bytes()
         except OSError as exc:
             return ResumeRef(
-                id=agent.id,
+                id=record.id,
                 session_dir=self.store.relative(directory),
                 turns=record.turns,
                 session_sha256=None,
@@ -484,7 +517,7 @@ class Supervisor:
         if error is None and record.exit not in (0, None):
             error = f"worker exited with {record.exit}"
         return ResumeRef(
-            id=agent.id,
+            id=record.id,
             session_dir=self.store.relative(directory),
             turns=turns,
             session_sha256=hashlib.sha256(raw).hexdigest(),

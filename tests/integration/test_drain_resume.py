@@ -7,16 +7,19 @@ conversation must carry the old one as an exact prefix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout
+from worker_agent.children import descendants
 from worker_agent.client import ControlError
 from worker_agent.proto import AgentStatus, ResumeRef
 from worker_agent.session import count_completed_turns, load_session
@@ -240,3 +243,18 @@ def test_missing_transcript_turns_are_recovered_on_resume(daemon: DaemonProcess)
         [after] = client.drain(grace_secs=5)
     assert_ref_matches_disk(daemon.store, after)
     assert after.turns == 4
+
+
+def test_workers_run_five_nice_levels_below_the_daemon(daemon: DaemonProcess) -> None:
+    # So that a hundred busy agents cannot starve the daemon of the CPU a drain needs.
+    [agent_id] = daemon.spawn(1, LONG_SCRIPT)
+
+    def worker() -> psutil.Process | None:
+        for pid in descendants(daemon.pid):
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                if "worker_agent.worker" in process.cmdline() and agent_id in process.cmdline():
+                    return process
+        return None
+
+    assert wait_until(worker).nice() == psutil.Process(daemon.pid).nice() + 5

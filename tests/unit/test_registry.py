@@ -57,3 +57,22 @@ def test_a_bad_update_is_refused_and_changes_nothing(
 
     assert agent.record == record
     assert store.load_manifests() == [record]
+
+
+def test_save_writes_the_records_given_and_skips_one_it_cannot_write(tmp_path: Path) -> None:
+    # A drain keeps its exits in memory and writes each manifest once, in a thread, at
+    # the end: what it hands ``save`` is what lands on disk, and an agent whose directory
+    # is gone (removed meanwhile) costs a log line, not the other agents' manifests.
+    registry, store, record = registry_with_one_agent(tmp_path)
+    gone_id = store.new_agent_id()
+    gone = record.model_copy(update={"id": gone_id, "session_dir": str(tmp_path / gone_id)})
+    agent = registry.get(record.id)
+    registry.update(agent, persist=False, status=AgentStatus.DRAINED, exit=0, turns=4)
+    assert store.load_manifests() == [record]
+
+    registry.save([gone, agent.record], sync=True)
+
+    assert store.load_manifests() == [agent.record]
+    assert (agent.record.status, agent.record.exit, agent.record.turns) == (
+        AgentStatus.DRAINED, 0, 4,
+    )  # fmt: skip
