@@ -47,8 +47,9 @@ FANOUT_MODEL = "turns=100000,turn_ms=1000"
 GRACE_SECS = 30.0
 OVERHEAD_BUDGET, CHAIN_BUDGET, FANOUT_RATE_BUDGET = 2.0, 2.0, 50.0
 BATCH = 20
-FANOUT_POLL = 0.02
-"""The fan-out's wait reads every operation at once, this often."""
+FANOUT_POLL = 0.05
+"""The fan-out's wait reads every unfinished operation at once, this often (on SQLite each
+read takes the write lock the worker's records wait for, so not more often)."""
 MEMORY_RESERVE_GIB = 3.0
 """Fan-out start-up stops while less than this would stay available."""
 REDIS_DB = 13
