@@ -322,8 +322,18 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+READ_ONLY_OPTION = "caliban_read_only"
+"""Execution option of the engine ``Ledger``'s pure reads go through."""
+
+
 def _sqlite_on_begin(connection: Connection) -> None:
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # A pure read (a caller polling an operation) takes no write lock: under BEGIN
+    # IMMEDIATE every poll would hold off the worker's writes, whose busy handler then
+    # sleeps for growing intervals.
+    if connection.get_execution_options().get(READ_ONLY_OPTION):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 # ----------------------------------------------------------------------------- ledger
@@ -339,6 +349,10 @@ class Ledger:
             )
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._reads = sessionmaker(
+            engine.execution_options(**{READ_ONLY_OPTION: True}), expire_on_commit=False
+        )
+        """For reads that write nothing and need no lock (``get_operation(s)``)."""
 
     @classmethod
     def from_url(cls, url: str) -> Ledger:
@@ -416,7 +430,7 @@ class Ledger:
         return views
 
     def get_operation(self, op_id: str) -> OperationView | None:
-        with self._sessions.begin() as session:
+        with self._reads.begin() as session:
             row = session.get(Operation, op_id)
             return None if row is None else _operation_view(row)
 
@@ -424,7 +438,7 @@ class Ledger:
         """The operations of ``op_ids`` that are in the ledger, by id, in one read."""
         wanted = list(dict.fromkeys(op_ids))
         found: dict[str, OperationView] = {}
-        with self._sessions.begin() as session:
+        with self._reads.begin() as session:
             for start in range(0, len(wanted), AUDIT_IN_BATCH):
                 chunk = wanted[start : start + AUDIT_IN_BATCH]
                 rows = session.scalars(select(Operation).where(Operation.id.in_(chunk)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1016,6 +1017,22 @@ class TestLedgerOnSQLite(LedgerBehaviour):
         path = tmp_path / "ledger.db"
         shutil.copyfile(sqlite_at_head, path)
         return f"sqlite:///{path}"
+
+    def test_reading_operations_waits_for_no_writer(self, migrated_url: str) -> None:
+        """Tried: every read began with BEGIN IMMEDIATE, so a caller polling an operation
+        and the worker recording it took turns on SQLite's write lock."""
+        ledger = Ledger.from_url(migrated_url)
+        writer = sqlite3.connect(migrated_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            op = begin(ledger)
+            writer.execute("BEGIN IMMEDIATE")  # another process, mid-transaction
+            writer.execute("UPDATE operations SET error = 'elsewhere'")
+
+            assert ledger.get_operation(op.id) == op
+            assert ledger.get_operations([op.id]) == {op.id: op}
+        finally:
+            writer.close()
+            ledger.dispose()
 
 
 # -------------------------------------------------------------------- no database needed
