@@ -32,6 +32,9 @@ class Settings(BrokerSettings):
     """Drain grace when a caller gives none."""
     drain_expires_secs: float = Field(default=300.0, gt=0)
     """A drain message not picked up by its daemon within this expires unrun."""
+    send_concurrency: int = Field(default=8, ge=1)
+    """How many chains ``start_drains`` publishes at once (``DRAIN_SEND_CONCURRENCY``):
+    a publish is a few broker round trips, which a batch overlaps."""
     resume_expires_secs: float = Field(default=3600.0, gt=0)
     """A resume waits in its daemon's queue this long for the new pod's consumer."""
     record_deadline_secs: float = Field(default=900.0, gt=0)

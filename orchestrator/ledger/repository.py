@@ -104,6 +104,33 @@ class UnknownOperation(LedgerError, LookupError):
         super().__init__(f"operation {op_id!r} is not in the ledger")
 
 
+# ------------------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True, slots=True)
+class NewOperation:
+    """One operation to begin (``Ledger.begin_operations``): ``begin_operation``'s
+    arguments."""
+
+    kind: OperationKind
+    task_uid: str
+    namespace: str
+    name: str
+    idempotency_key: str
+    grace_secs: float | None = None
+    checkpoint_ref: str | None = None
+    deadline_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OperationMove:
+    """What ``Ledger.advance_operations`` writes with one operation's new state."""
+
+    op_id: str
+    celery_task_ids: Mapping[str, str] | None = None
+    detail: Mapping[str, Any] | None = None
+
+
 # ------------------------------------------------------------------------------- views
 
 
@@ -219,7 +246,7 @@ class CheckpointView:
 
 
 @dataclass(frozen=True, slots=True)
-class OperationMove:
+class OperationChange:
     """An operation as the operator's event feed sees it: whose it is and where it is."""
 
     id: str
@@ -326,8 +353,18 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+READ_ONLY_OPTION = "caliban_read_only"
+"""Execution option of the engine ``Ledger``'s pure reads go through."""
+
+
 def _sqlite_on_begin(connection: Connection) -> None:
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # A pure read (a caller polling an operation) takes no write lock: under BEGIN
+    # IMMEDIATE every poll would hold off the worker's writes, whose busy handler then
+    # sleeps for growing intervals.
+    if connection.get_execution_options().get(READ_ONLY_OPTION):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 # ----------------------------------------------------------------------------- ledger
@@ -343,6 +380,10 @@ class Ledger:
             )
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._reads = sessionmaker(
+            engine.execution_options(**{READ_ONLY_OPTION: True}), expire_on_commit=False
+        )
+        """For reads that write nothing and need no lock (``get_operation(s)``)."""
 
     @classmethod
     def from_url(cls, url: str) -> Ledger:
@@ -375,61 +416,64 @@ class Ledger:
         Reusing a key for a different operation (another kind or task) is refused with
         ``ValueError``, never silently answered with the wrong row.
         """
-        now = _now()
-        row = Operation(
-            id=str(uuid.uuid4()),
-            kind=_member(OperationKind, kind, "operation kind"),
-            task_uid=_text("task_uid", task_uid, TASK_UID_MAX),
-            namespace=_text("namespace", namespace, NAMESPACE_MAX),
-            name=_text("name", name, NAME_MAX),
-            state=OperationState.PENDING,
-            idempotency_key=_text("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX),
-            checkpoint_ref=None if checkpoint_ref is None else _label_value(checkpoint_ref),
-            grace_secs=_grace(grace_secs),
-            celery_task_ids={},
-            detail=None,
-            error=None,
-            created_at=now,
-            updated_at=now,
-            deadline_at=_aware("deadline_at", deadline_at),
-            finished_at=None,
-        )
-        # Read before the insert: a failed flush leaves ``row`` detached from a dead session.
-        identity = (row.kind, row.task_uid, row.namespace, row.name)
+        new = NewOperation(
+            kind, task_uid=task_uid, namespace=namespace, name=name,
+            idempotency_key=idempotency_key, grace_secs=grace_secs,
+            checkpoint_ref=checkpoint_ref, deadline_at=deadline_at,
+        )  # fmt: skip
+        return self.begin_operations([new])[0]
+
+    def begin_operations(self, new: Sequence[NewOperation]) -> list[OperationView]:
+        """``begin_operation`` for each of ``new``, in one transaction: each answer is the
+        operation started, or the one its key already names (a key twice in ``new`` is
+        one operation). Every entry is validated first, so a bad one writes nothing."""
+        rows = [_new_operation_row(each) for each in new]
+        keys = list(dict.fromkeys(row.idempotency_key for row in rows))
         try:
             with self._sessions.begin() as session:
-                existing = session.scalar(
-                    select(Operation).where(Operation.idempotency_key == idempotency_key)
-                )
-                if existing is None:
-                    session.add(row)
-                    session.flush()
-                    existing = row
-                view = _operation_view(existing)
+                by_key: dict[str, OperationView] = {}
+                for start in range(0, len(keys), AUDIT_IN_BATCH):
+                    chunk = keys[start : start + AUDIT_IN_BATCH]
+                    found = select(Operation).where(Operation.idempotency_key.in_(chunk))
+                    by_key.update(
+                        (r.idempotency_key, _operation_view(r)) for r in session.scalars(found)
+                    )
+                fresh: dict[str, Operation] = {}
+                for row in rows:
+                    if row.idempotency_key not in by_key and row.idempotency_key not in fresh:
+                        session.add(row)
+                        fresh[row.idempotency_key] = row
+                session.flush()
+                by_key.update((key, _operation_view(row)) for key, row in fresh.items())
         except IntegrityError:
-            # A concurrent call with the same key inserted first; answer its row.
-            found = self.find_operation(idempotency_key)
-            if found is None:
-                raise
-            view = found
-        _check_same_operation(view, identity)
-        return view
+            # A concurrent call inserted one of these keys first: begin each on its own,
+            # which answers the winner's row for that key.
+            if len(rows) == 1:
+                found_one = self.find_operation(rows[0].idempotency_key)
+                if found_one is None:
+                    raise
+                by_key = {found_one.idempotency_key: found_one}
+            else:
+                return [self.begin_operations([each])[0] for each in new]
+        views = [by_key[row.idempotency_key] for row in rows]
+        for row, view in zip(rows, views, strict=True):
+            _check_same_operation(view, (row.kind, row.task_uid, row.namespace, row.name))
+        return views
 
     def get_operation(self, op_id: str) -> OperationView | None:
-        with self._sessions.begin() as session:
+        with self._reads.begin() as session:
             row = session.get(Operation, op_id)
             return None if row is None else _operation_view(row)
 
     def get_operations(self, op_ids: Collection[str]) -> dict[str, OperationView]:
-        """The operations of ``op_ids`` that exist, by id: one transaction for many (the
-        operator follows every deletion's drain with one read per poll)."""
+        """The operations of ``op_ids`` that are in the ledger, by id, in one read."""
+        wanted = list(dict.fromkeys(op_ids))
         found: dict[str, OperationView] = {}
-        ids = sorted(set(op_ids))
-        with self._sessions.begin() as session:
-            for start in range(0, len(ids), AUDIT_IN_BATCH):
-                chunk = ids[start : start + AUDIT_IN_BATCH]
-                for row in session.scalars(select(Operation).where(Operation.id.in_(chunk))):
-                    found[row.id] = _operation_view(row)
+        with self._reads.begin() as session:
+            for start in range(0, len(wanted), AUDIT_IN_BATCH):
+                chunk = wanted[start : start + AUDIT_IN_BATCH]
+                rows = session.scalars(select(Operation).where(Operation.id.in_(chunk)))
+                found.update((row.id, _operation_view(row)) for row in rows)
         return found
 
     def find_operation(self, idempotency_key: str) -> OperationView | None:
@@ -481,43 +525,53 @@ class Ledger:
         left. ``recorded`` and ``forced`` are entered only by ``record_checkpoint``.
         Raises ``LedgerConflict`` (nothing written) when the state does not allow it.
         """
-        wanted = _member(OperationState, to_state, "operation state")
-        if wanted in CHECKPOINTED_STATES:
-            raise ValueError(
-                f"operation state {wanted.value!r} is entered only by record_checkpoint, which "
-                "writes the checkpoint in the same transaction; call that instead"
-            )
-        expected = (
-            None
-            if expect is None
-            else frozenset(_member(OperationState, s, "expected state") for s in expect)
-        )
+        wanted, expected = _wanted_state(to_state, expect)
         error = _optional_str("error", error)
         new_ids = None if celery_task_ids is None else _celery_ids(celery_task_ids)
         new_detail = None if detail is None else _json_object("detail", detail)
         with self._sessions.begin() as session:
             row = _lock_operation(session, op_id)
-            current = OperationState(row.state)
-            if current.terminal:
-                raise LedgerConflict(op_id, current, wanted, "it has finished")
-            if expected is not None and current not in expected:
-                allowed = ", ".join(sorted(expected))
-                raise LedgerConflict(op_id, current, wanted, f"the caller expected {allowed}")
-            now = _now()
-            row.state = wanted
-            row.updated_at = now
-            if wanted.terminal:
-                row.finished_at = now
-            if error is not None:
-                row.error = error
-            if new_ids:
-                row.celery_task_ids = {**row.celery_task_ids, **new_ids}
-            if new_detail is not None:
-                row.detail = new_detail
-            view = _operation_view(row)
+            view = _move(row, wanted, expected, error, new_ids, new_detail)
         if wanted.terminal:
             _announce(Finished(view))
         return view
+
+    def advance_operations(
+        self,
+        moves: Sequence[OperationMove],
+        to_state: OperationState,
+        *,
+        expect: Sequence[OperationState],
+    ) -> list[OperationView]:
+        """``transition`` of each operation of ``moves`` to ``to_state``, in one
+        transaction; answer each as it is after it. One that is not in a state of
+        ``expect`` is answered unchanged (something else moved it on: its chain, the
+        sweeper), never raised; an unknown one raises ``UnknownOperation``, nothing
+        written."""
+        wanted, expected = _wanted_state(to_state, expect)
+        changes = [
+            (
+                move.op_id,
+                None if move.celery_task_ids is None else _celery_ids(move.celery_task_ids),
+                None if move.detail is None else _json_object("detail", move.detail),
+            )
+            for move in moves
+        ]
+        views: dict[str, OperationView] = {}
+        finished: list[OperationView] = []
+        with self._sessions.begin() as session:
+            rows = _lock_operations(session, [op_id for op_id, _, _ in changes])
+            for op_id, new_ids, new_detail in changes:
+                try:
+                    views[op_id] = _move(rows[op_id], wanted, expected, None, new_ids, new_detail)
+                except LedgerConflict:
+                    views[op_id] = _operation_view(rows[op_id])
+                else:
+                    if wanted.terminal:
+                        finished.append(views[op_id])
+        for view in finished:
+            _announce(Finished(view))
+        return [views[move.op_id] for move in moves]
 
     def expire_operation(self, op_id: str, reason: str) -> OperationView:
         """Fail an unfinished operation with ``reason``; a finished one is answered as is.
@@ -906,7 +960,7 @@ class Ledger:
         with self._sessions.begin() as session:
             return [_activity_view(row) for row in session.scalars(query)]
 
-    def operations_moved_since(self, after: datetime, limit: int) -> list[OperationMove]:
+    def operations_moved_since(self, after: datetime, limit: int) -> list[OperationChange]:
         """Up to ``limit`` operations whose row changed after ``after`` (``updated_at``)."""
         query = (
             select(
@@ -922,7 +976,7 @@ class Ledger:
         )
         with self._sessions.begin() as session:
             return [
-                OperationMove(id_, namespace, name, OperationState(state), updated_at)
+                OperationChange(id_, namespace, name, OperationState(state), updated_at)
                 for id_, namespace, name, state, updated_at in session.execute(query)
             ]
 
@@ -1069,11 +1123,95 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _new_operation_row(new: NewOperation) -> Operation:
+    """A validated ``pending`` row for ``new``; ``ValueError`` names what is wrong."""
+    now = _now()
+    return Operation(
+        id=str(uuid.uuid4()),
+        kind=_member(OperationKind, new.kind, "operation kind"),
+        task_uid=_text("task_uid", new.task_uid, TASK_UID_MAX),
+        namespace=_text("namespace", new.namespace, NAMESPACE_MAX),
+        name=_text("name", new.name, NAME_MAX),
+        state=OperationState.PENDING,
+        idempotency_key=_text("idempotency_key", new.idempotency_key, IDEMPOTENCY_KEY_MAX),
+        checkpoint_ref=None if new.checkpoint_ref is None else _label_value(new.checkpoint_ref),
+        grace_secs=_grace(new.grace_secs),
+        celery_task_ids={},
+        detail=None,
+        error=None,
+        created_at=now,
+        updated_at=now,
+        deadline_at=_aware("deadline_at", new.deadline_at),
+        finished_at=None,
+    )
+
+
 def _lock_operation(session: Session, op_id: str) -> Operation:
     row = session.scalar(select(Operation).where(Operation.id == op_id).with_for_update())
     if row is None:
         raise UnknownOperation(op_id)
     return row
+
+
+def _lock_operations(session: Session, op_ids: Sequence[str]) -> dict[str, Operation]:
+    """The rows of ``op_ids``, locked in id order (so two batches never deadlock)."""
+    wanted = sorted(set(op_ids))
+    rows: dict[str, Operation] = {}
+    for start in range(0, len(wanted), AUDIT_IN_BATCH):
+        chunk = wanted[start : start + AUDIT_IN_BATCH]
+        query = select(Operation).where(Operation.id.in_(chunk)).order_by(Operation.id)
+        rows.update((row.id, row) for row in session.scalars(query.with_for_update()))
+    for op_id in wanted:
+        if op_id not in rows:
+            raise UnknownOperation(op_id)
+    return rows
+
+
+def _wanted_state(
+    to_state: OperationState, expect: Sequence[OperationState] | None
+) -> tuple[OperationState, frozenset[OperationState] | None]:
+    """A transition's validated target and expected states."""
+    wanted = _member(OperationState, to_state, "operation state")
+    if wanted in CHECKPOINTED_STATES:
+        raise ValueError(
+            f"operation state {wanted.value!r} is entered only by record_checkpoint, which "
+            "writes the checkpoint in the same transaction; call that instead"
+        )
+    expected = (
+        None
+        if expect is None
+        else frozenset(_member(OperationState, s, "expected state") for s in expect)
+    )
+    return wanted, expected
+
+
+def _move(
+    row: Operation,
+    wanted: OperationState,
+    expected: frozenset[OperationState] | None,
+    error: str | None,
+    new_ids: dict[str, str] | None,
+    new_detail: dict[str, Any] | None,
+) -> OperationView:
+    """Move a locked row to ``wanted``, or raise ``LedgerConflict`` leaving it as it is."""
+    current = OperationState(row.state)
+    if current.terminal:
+        raise LedgerConflict(row.id, current, wanted, "it has finished")
+    if expected is not None and current not in expected:
+        allowed = ", ".join(sorted(expected))
+        raise LedgerConflict(row.id, current, wanted, f"the caller expected {allowed}")
+    now = _now()
+    row.state = wanted
+    row.updated_at = now
+    if wanted.terminal:
+        row.finished_at = now
+    if error is not None:
+        row.error = error
+    if new_ids:
+        row.celery_task_ids = {**row.celery_task_ids, **new_ids}
+    if new_detail is not None:
+        row.detail = new_detail
+    return _operation_view(row)
 
 
 def _newer_heartbeat_upsert(backend: str, values: dict[str, Any]) -> Insert:

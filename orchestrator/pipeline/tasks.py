@@ -156,14 +156,10 @@ def record_checkpoint(
         return RecordCheckpointOutcome(
             op_id=args.op_id, checkpoint_ref=None, error=mismatch
         ).model_dump(mode="json")
-    # The daemon has drained: say so before recording. A conflict means drained already
-    # (a redelivery) or finished; ledger.record_checkpoint decides what that answers.
-    with contextlib.suppress(LedgerConflict):
-        ledger.transition(
-            args.op_id,
-            OperationState.DRAINED,
-            expect=(OperationState.PENDING, OperationState.DRAINING),
-        )
+    # One transaction takes the operation from pending/draining (or drained, left so by
+    # the sweeper) straight to recorded with its checkpoint; a redelivery is answered
+    # with the checkpoint already recorded. No separate ``drained`` write: it would be a
+    # second commit on every drain's path, and nothing reads it in between.
     try:
         checkpoint = ledger.record_checkpoint(
             args.op_id, result.refs, reason=args.reason, pvc_name=args.pvc_name

@@ -8,19 +8,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from orchestrator.ledger import CheckpointView
+from orchestrator.ledger import CheckpointView, Ledger, OperationState
+from orchestrator.pipeline.app import make_app
+from orchestrator.pipeline.start import DrainStart, start_drains
+from orchestrator.settings import Settings
 from tests.pipeline_support import (
     BROKERS,
+    PIPELINE_REDIS_DB,
     PipelineBroker,
     Stack,
     fresh_postgres,
     fresh_sqlite,
     pipeline_broker,
     queued_messages,
+    redis_db_url,
 )
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout
+from worker_agent.contract import TaskNameError
 from worker_agent.session import count_completed_turns, load_session
 
 
@@ -280,3 +287,38 @@ def test_a_rabbitmq_broker_without_a_result_backend_is_refused_naming_the_settin
         assert stack.ledger.list_operations() == []  # refused before anything was started
     finally:
         stack.close()
+
+
+def test_start_drains_begins_sends_and_marks_many_at_once_and_never_twice(
+    tmp_short: Path,
+) -> None:
+    """Many drains in one call: every operation begun in one ledger transaction, one chain
+    in each daemon's queue, all ``draining``; the same keys again send nothing more, and
+    a batch with a bad name starts none of its drains."""
+    broker = redis_db_url(PIPELINE_REDIS_DB)
+    database = fresh_sqlite(tmp_short)
+    settings = Settings(broker_url=broker, result_backend=broker, database_url=database)
+    app, ledger = make_app(settings), Ledger.from_url(database)
+    client = redis.Redis.from_url(broker)
+    names = [f"task-{i}" for i in range(12)]
+    drains = [DrainStart("team-a", n, grace_secs=5, idempotency_key=f"k-{n}") for n in names]
+    try:
+        ops = start_drains(app, ledger, settings, drains)
+
+        assert [(op.name, op.state) for op in ops] == [(n, OperationState.DRAINING) for n in names]
+        assert all(op.celery_task_ids == {"drain": f"{op.id}.drain", "record": f"{op.id}.record"}
+                   for op in ops)  # fmt: skip
+        assert [client.llen(f"caliband.team-a.{n}") for n in names] == [1] * len(names)
+
+        again = start_drains(app, ledger, settings, drains)
+
+        assert [op.id for op in again] == [op.id for op in ops]
+        assert [client.llen(f"caliband.team-a.{n}") for n in names] == [1] * len(names)
+        with pytest.raises(TaskNameError):
+            start_drains(app, ledger, settings, [DrainStart("team-a", "new"),
+                                                 DrainStart("team-a", "Not_A_Name")])  # fmt: skip
+        assert len(ledger.list_operations()) == len(names)
+        assert client.llen("caliband.team-a.new") == 0
+    finally:
+        client.close()
+        ledger.dispose()

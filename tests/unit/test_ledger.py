@@ -8,7 +8,9 @@ migration scenarios) and ``migrated_url`` (a database at head with empty tables)
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +42,9 @@ from orchestrator.ledger import (
     Ledger,
     LedgerConflict,
     LedgerError,
+    NewOperation,
     OperationKind,
+    OperationMove,
     OperationState,
     OperationView,
     UnknownOperation,
@@ -94,6 +98,21 @@ def begin(
         idempotency_key=key,
         **extra,
     )
+
+
+@contextlib.contextmanager
+def commits() -> Iterator[list[int]]:
+    """Counts the commits of every engine while the block runs (``[n]`` after it)."""
+    counted = [0]
+
+    def count(_connection: object) -> None:
+        counted[0] += 1
+
+    event.listen(Engine, "commit", count)
+    try:
+        yield counted
+    finally:
+        event.remove(Engine, "commit", count)
 
 
 def rows(database: Engine, table: str) -> int:
@@ -282,6 +301,82 @@ class LedgerBehaviour:
             begin(ledger, key="shared", name="task-b")
         with pytest.raises(ValueError, match=first.id):
             begin(ledger, key="shared", kind=OperationKind.PAUSE)
+
+    def test_begin_operations_begins_many_in_one_transaction_and_answers_known_keys(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        known = ledger.transition(begin(ledger, key="k1").id, OperationState.DRAINING)
+        batch = [
+            NewOperation(OperationKind.DELETE_DRAIN, "uid-task-a", "default", "task-a", "k1"),
+            NewOperation(OperationKind.PAUSE, "uid-task-b", "default", "task-b", "k2"),
+            NewOperation(OperationKind.PAUSE, "uid-task-c", "default", "task-c", "k3"),
+            NewOperation(OperationKind.PAUSE, "uid-task-b", "default", "task-b", "k2"),
+        ]
+
+        with commits() as counted:
+            ops = ledger.begin_operations(batch)
+
+        assert counted == [1]
+        assert ops[0] == known
+        assert ops[1] == ops[3] and ops[1].id != ops[2].id
+        assert [(op.name, op.state) for op in ops[1:3]] == [
+            ("task-b", OperationState.PENDING),
+            ("task-c", OperationState.PENDING),
+        ]
+        assert ledger.get_operations([op.id for op in ops]) == {op.id: op for op in ops}
+        assert rows(database, "operations") == 3
+
+    def test_begin_operations_with_one_bad_entry_writes_nothing(
+        self, ledger: Ledger, database: Engine
+    ) -> None:
+        good = NewOperation(OperationKind.PAUSE, "uid-a", "default", "task-a", "good")
+        bad = NewOperation(OperationKind.PAUSE, "uid-b", "default", "x" * 300, "bad")
+
+        with pytest.raises(ValueError, match="name"):
+            ledger.begin_operations([good, bad])
+
+        assert rows(database, "operations") == 0
+
+    def test_advance_operations_moves_the_expected_ones_and_answers_the_others_as_they_are(
+        self, ledger: Ledger
+    ) -> None:
+        pending = begin(ledger, key="a", name="task-a")
+        moved_on = ledger.transition(
+            begin(ledger, key="b", name="task-b").id, OperationState.FAILED
+        )
+        moves = [
+            OperationMove(pending.id, celery_task_ids={"drain": "a.drain"}, detail={"n": 1}),
+            OperationMove(moved_on.id, celery_task_ids={"drain": "b.drain"}),
+        ]
+
+        with commits() as counted:
+            after = ledger.advance_operations(
+                moves, OperationState.DRAINING, expect=[OperationState.PENDING]
+            )
+
+        assert counted == [1]
+        assert after[0].state is OperationState.DRAINING
+        assert (after[0].celery_task_ids, after[0].detail) == ({"drain": "a.drain"}, {"n": 1})
+        assert after[1] == moved_on
+        assert ledger.get_operations([pending.id, moved_on.id]) == {
+            pending.id: after[0],
+            moved_on.id: moved_on,
+        }
+
+    def test_advance_operations_with_an_unknown_operation_writes_nothing(
+        self, ledger: Ledger
+    ) -> None:
+        op = begin(ledger)
+
+        with pytest.raises(UnknownOperation):
+            ledger.advance_operations(
+                [OperationMove(op.id), OperationMove("no-such-op")],
+                OperationState.DRAINING,
+                expect=[OperationState.PENDING],
+            )
+
+        assert ledger.get_operation(op.id) == op
+        assert ledger.get_operations(["no-such-op"]) == {}
 
     def test_list_operations_is_newest_first_and_filters_by_task(self, ledger: Ledger) -> None:
         a1 = begin(ledger, key="a1", name="task-a")
@@ -1062,6 +1157,22 @@ class TestLedgerOnSQLite(LedgerBehaviour):
         path = tmp_path / "ledger.db"
         shutil.copyfile(sqlite_at_head, path)
         return f"sqlite:///{path}"
+
+    def test_reading_operations_waits_for_no_writer(self, migrated_url: str) -> None:
+        """Tried: every read began with BEGIN IMMEDIATE, so a caller polling an operation
+        and the worker recording it took turns on SQLite's write lock."""
+        ledger = Ledger.from_url(migrated_url)
+        writer = sqlite3.connect(migrated_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            op = begin(ledger)
+            writer.execute("BEGIN IMMEDIATE")  # another process, mid-transaction
+            writer.execute("UPDATE operations SET error = 'elsewhere'")
+
+            assert ledger.get_operation(op.id) == op
+            assert ledger.get_operations([op.id]) == {op.id: op}
+        finally:
+            writer.close()
+            ledger.dispose()
 
 
 # -------------------------------------------------------------------- no database needed

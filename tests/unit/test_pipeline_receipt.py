@@ -1,6 +1,6 @@
 """Payloads are validated where they are received: the orchestrator's tasks fail the
 operation with a clear reason for a malformed drain or resume result (never a crash
-loop), drop a malformed heartbeat, and move a drained operation through ``drained``.
+loop), drop a malformed heartbeat, and record a drained operation with one write.
 
 The tasks run in this process (a Celery task called directly runs its body) against a
 real SQLite ledger, configured the way ``drainctl worker`` is: ``DRAIN_DATABASE_URL``.
@@ -14,10 +14,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
+from orchestrator.ledger.models import Operation
 from orchestrator.operator.lifecycle import Phase, idle_report, parse_spec, should_idle_pause
 from orchestrator.pipeline import tasks
+from orchestrator.pipeline.start import wait_for_operations
 from orchestrator.settings import get_settings
 from tests.unit.test_pipeline_parts import CONFIG, FakeClock
 from worker_agent.consumer import Heartbeat
@@ -68,6 +72,26 @@ def test_a_drain_result_records_the_checkpoint(ledger: Ledger) -> None:
     checkpoint = ledger.get_checkpoint(str(op.checkpoint_ref))
     assert checkpoint is not None and checkpoint.reason is CheckpointReason.DELETE
     assert [a.resume_ref().model_dump(mode="json") for a in checkpoint.agents] == [REF]
+
+
+def test_a_drain_result_moves_its_operation_to_recorded_in_one_write(ledger: Ledger) -> None:
+    """Tried: the operation was first written ``drained``, then ``recorded`` in a second
+    transaction: a commit (an fsync) more on every drain's path, read by nobody."""
+    op_id = begin(ledger)
+    written: list[str] = []
+
+    def states(session: Session, *_: object) -> None:
+        written.extend(o.state for o in session.dirty if isinstance(o, Operation))
+
+    event.listen(Session, "before_flush", states)
+    try:
+        tasks.record_checkpoint(drain_result(op_id), op_id=op_id, reason="delete")
+    finally:
+        event.remove(Session, "before_flush", states)
+
+    assert written == [OperationState.RECORDED]
+    op = ledger.get_operation(op_id)
+    assert op is not None and op.state is OperationState.RECORDED
 
 
 def test_refs_from_the_daemon_of_another_task_uid_are_not_recorded(ledger: Ledger) -> None:
@@ -374,3 +398,18 @@ def test_an_overdue_drain_that_did_not_drain_is_failed_with_the_reason(
     op = ledger.get_operation(op_id)
     assert op is not None and op.state is OperationState.FAILED
     assert ledger.list_checkpoints("team-a", "task-1") == []
+
+
+def test_wait_for_operations_answers_each_as_last_read_in_the_order_given(ledger: Ledger) -> None:
+    finished = begin(ledger)
+    tasks.record_checkpoint(drain_result(finished), op_id=finished, reason="delete")
+    running = begin(ledger, OperationKind.RESUME)
+
+    views = wait_for_operations(ledger, [running, finished], timeout=0.05)
+
+    assert [(v.id, v.state) for v in views] == [
+        (running, OperationState.RESUMING),
+        (finished, OperationState.RECORDED),
+    ]
+    with pytest.raises(LookupError, match="no-such-op"):
+        wait_for_operations(ledger, [finished, "no-such-op"], timeout=1)
