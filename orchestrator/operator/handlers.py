@@ -49,6 +49,7 @@ from orchestrator.ledger import (
 from orchestrator.ledger.models import CHECKPOINTED_STATES, TERMINAL_STATES
 from orchestrator.operator import children, crd, events, following, kube, permissions, serving  # noqa: F401 - serving: its startup handler
 from orchestrator.operator import workspace as workspaces
+from orchestrator.operator.batching import DrainBatcher
 from orchestrator.operator.lifecycle import (
     CREATED_SUSPENDED,
     AgentCounts,
@@ -113,6 +114,7 @@ from orchestrator.operator.pacing import (
 )
 from orchestrator.pipeline import start as pipeline
 from orchestrator.pipeline.app import app, daemon_queue
+from orchestrator.pipeline.start import DrainStart
 from orchestrator.pipeline.tasks import get_ledger
 from orchestrator.settings import Settings, get_settings
 from worker_agent.logformat import (
@@ -160,6 +162,18 @@ class NotYet:
     """A restore that must wait (the workspace's last pod is still terminating)."""
 
     why: str
+
+
+_DRAINS_BEGUN: DrainBatcher | None = None
+
+
+def _drains() -> DrainBatcher:
+    """The operator's one batcher of drains (``operator.batching``): the deletions, pauses
+    and completions asked for together begin in one ledger write."""
+    global _DRAINS_BEGUN
+    if _DRAINS_BEGUN is None:
+        _DRAINS_BEGUN = DrainBatcher(app, get_ledger, get_settings())
+    return _DRAINS_BEGUN
 
 
 def _now() -> datetime:
@@ -1278,12 +1292,10 @@ class Reconciler:
     ) -> None:
         """Begin the drain → record chain of a pause or a completion under ``key``; the
         phase is the caller's to set."""
-        op = await _ledger_call(
-            pipeline.start_drain, app, self.ledger, self.settings,
-            namespace=self.namespace, name=self.name, task_uid=self.uid,
-            grace_secs=spec.drain_grace_secs, kind=kind, reason=reason,
-            pvc_name=self.pvc_name, idempotency_key=key,
-        )  # fmt: skip
+        op = await _drains().begin(DrainStart(
+            self.namespace, self.name, task_uid=self.uid, grace_secs=spec.drain_grace_secs,
+            kind=kind, reason=reason, pvc_name=self.pvc_name, idempotency_key=key,
+        ))  # fmt: skip
         self.record_operation(op)
 
     async def suspend_checkpointed(self, spec: TaskSpec, ref: str, doing: str) -> bool:
@@ -1666,12 +1678,11 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
             return
         if action is DeleteAction.START_DRAIN:
             assert spec is not None
-            op = await _ledger_call(
-                pipeline.start_drain, app, r.ledger, r.settings,
-                namespace=r.namespace, name=r.name, task_uid=r.uid,
-                grace_secs=spec.drain_grace_secs, kind=OperationKind.DELETE_DRAIN,
-                reason=CheckpointReason.DELETE, pvc_name=r.pvc_name, idempotency_key=key,
-            )  # fmt: skip
+            op = await _drains().begin(DrainStart(
+                r.namespace, r.name, task_uid=r.uid, grace_secs=spec.drain_grace_secs,
+                kind=OperationKind.DELETE_DRAIN, reason=CheckpointReason.DELETE,
+                pvc_name=r.pvc_name, idempotency_key=key,
+            ))  # fmt: skip
             r.record_operation(op)
             if r.settings.manage_sandbox:  # gone with the task (it owns the guard)
                 await kube.guard_against_eviction(r.namespace, r.name, r.owner(), True)

@@ -4,13 +4,15 @@ worker, daemons, consumers, agents and ``drainctl`` as real subprocesses."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from orchestrator.ledger import CheckpointView, Ledger, OperationState
+from orchestrator.ledger import CheckpointView, Ledger, OperationState, OperationView
+from orchestrator.operator.batching import DrainBatcher
 from orchestrator.pipeline.app import make_app
 from orchestrator.pipeline.start import DrainStart, start_drains
 from orchestrator.settings import Settings
@@ -319,6 +321,45 @@ def test_start_drains_begins_sends_and_marks_many_at_once_and_never_twice(
                                                  DrainStart("team-a", "Not_A_Name")])  # fmt: skip
         assert len(ledger.list_operations()) == len(names)
         assert client.llen("caliband.team-a.new") == 0
+    finally:
+        client.close()
+        ledger.dispose()
+
+
+def test_the_operators_drains_asked_together_begin_in_one_batch_and_a_bad_one_alone(
+    tmp_short: Path,
+) -> None:
+    """The operator's batcher: twelve drains asked for at once (as twelve finalizers do)
+    begin in one ``start_drains``; a batch with a name the pipeline refuses is begun one
+    by one, so only that drain fails."""
+    broker = redis_db_url(PIPELINE_REDIS_DB)
+    database = fresh_sqlite(tmp_short)
+    settings = Settings(broker_url=broker, result_backend=broker, database_url=database)
+    app, ledger = make_app(settings), Ledger.from_url(database)
+    client = redis.Redis.from_url(broker)
+    batcher = DrainBatcher(app, lambda: ledger, settings)
+    names = [f"task-{i}" for i in range(12)]
+
+    async def together(drains: list[DrainStart]) -> list[OperationView | BaseException]:
+        return list(await asyncio.gather(*(batcher.begin(d) for d in drains),
+                                         return_exceptions=True))  # fmt: skip
+
+    try:
+        ops = asyncio.run(together([DrainStart("team-b", n, idempotency_key=f"b-{n}")
+                                    for n in names]))  # fmt: skip
+        assert batcher.batches == [12]
+        assert [(o.name, o.state) for o in ops if isinstance(o, OperationView)] == [
+            (n, OperationState.DRAINING) for n in names
+        ]
+        assert [client.llen(f"caliband.team-b.{n}") for n in names] == [1] * len(names)
+
+        mixed = asyncio.run(together([DrainStart("team-b", "fine", idempotency_key="b-fine"),
+                                      DrainStart("team-b", "Not_A_Name")]))  # fmt: skip
+        assert batcher.batches == [12, 2, 1, 1]
+        fine, bad = mixed
+        assert isinstance(fine, OperationView) and fine.state is OperationState.DRAINING
+        assert isinstance(bad, TaskNameError)
+        assert client.llen("caliband.team-b.fine") == 1
     finally:
         client.close()
         ledger.dispose()
