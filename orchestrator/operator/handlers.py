@@ -1093,6 +1093,8 @@ class Reconciler:
             elif step is not ScaleStep.HOLD:
                 await self.start_scaling(spec, step, counts)
                 return
+            elif spec.agents != self.status.get("appliedAgents"):
+                return  # a scale waits for a heartbeat from after the last operation
             bridge = self.settings.heartbeat_gap_secs
             if should_idle_pause(spec, Phase.RUNNING, idle_report(fresh), self.now, bridge):
                 await self.start_pause(spec, "idle")
@@ -1567,7 +1569,7 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
             box.look = None
             current = kopf.Body(cast(kopf.RawBody, _freshest(body, written)))
             box.noticed = _noticed(current)
-            (rest, read), wrote = await _one_pass(current, settings)
+            (rest, read), wrote = await _one_pass(current, settings, cause)
             box.beat = newer(box.beat, read)
             known, written = box.beat, wrote or written
             resync_at = time.monotonic() + resync
@@ -1598,7 +1600,7 @@ async def steward(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> Non
 
 
 async def _one_pass(
-    body: kopf.Body, settings: Settings
+    body: kopf.Body, settings: Settings, cause: str
 ) -> tuple[tuple[Rest | None, Beat | None], dict[str, Any] | None]:
     """A pass over the task and its status written: how it left the task, the heartbeat
     it read, and the object as its status patch left it (None: nothing to write). A
@@ -1610,9 +1612,14 @@ async def _one_pass(
         with permissions.forbidden_reported(_warn_forbidden(body)):
             await r.run()
         status = dict(patch.get("status") or {})
-        if status:
-            return (r.rest, r.beat), await kube.patch_task_status(r.namespace, r.name, status)
-        return (r.rest, r.beat), None
+        if not status:
+            return (r.rest, r.beat), None
+        written = await kube.patch_task_status(r.namespace, r.name, status)
+        # One line for a pass that changed the task (none at rest), named by the task and
+        # its operation like every line the pass logged.
+        log.info("task_pass cause=%s phase=%s changed=%s", cause, r.status.get("phase"),
+                 ",".join(sorted(status)))  # fmt: skip
+        return (r.rest, r.beat), written
     except Exception:
         log.exception("pass over %s/%s failed; trying again", r.namespace, r.name)
         return (None, r.beat), None
