@@ -214,7 +214,9 @@ def _member(enum: type[_E], value: object) -> _E | None:
 
 
 def _operation_status(op: OperationView) -> dict[str, Any]:
-    return {
+    """``status.lastOperation``: a field without a value is left out, as the API stores it
+    (a merge patch drops a null), so an operation that has not moved writes nothing."""
+    fields = {
         "id": op.id,
         "kind": str(op.kind),
         "state": str(op.state),
@@ -222,6 +224,7 @@ def _operation_status(op: OperationView) -> dict[str, Any]:
         "startedAt": _iso(op.created_at),
         "finishedAt": _iso(op.finished_at),
     }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 async def _ledger_call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -231,3 +232,24 @@ def test_a_malformed_workspace_or_provider_ref_is_an_invalid_spec(
     with pytest.raises(SpecError) as raised:
         parse_spec({"task": {}, **spec})
     assert raised.value.field == field
+
+
+def test_an_operation_that_has_not_moved_writes_no_status() -> None:
+    """``status.lastOperation`` as the API stores it after a merge patch (no null fields):
+    a pass over an operation still on its way finds nothing to write (it wrote the whole
+    field again every follow-up, each write a watch event, while nulls were sent)."""
+    from orchestrator.ledger import OperationKind, OperationState, OperationView
+    from orchestrator.operator.handlers import _operation_status
+    from orchestrator.operator.lifecycle import status_patch
+
+    now = datetime.now(UTC)
+    op = OperationView(
+        id="op-1", kind=OperationKind.PAUSE, task_uid="u", namespace="default", name="t",
+        state=OperationState.DRAINING, idempotency_key="k", checkpoint_ref=None,
+        grace_secs=30.0, celery_task_ids={}, detail=None, error=None, created_at=now,
+        updated_at=now, deadline_at=None, finished_at=None,
+    )  # fmt: skip
+    written = _operation_status(op)
+    stored = {k: v for k, v in written.items() if v is not None}  # what a merge patch keeps
+    assert status_patch({"lastOperation": stored}, {"lastOperation": written}) == {}
+    assert "error" not in written and "finishedAt" not in written
