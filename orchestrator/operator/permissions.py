@@ -119,9 +119,10 @@ PERMISSIONS: Final = (
                f"kube.ensure_broker_secret: the daemon broker Secret {BROKER_SECRET} read and "
                "kept up to date, by name only", Need.MANAGE_SANDBOX,
                resource_names=(BROKER_SECRET,)),
-    Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_PLURAL, ("get", "create"),
-               "kube.create_snapshot, kube.get_snapshot: the workspace snapshot of each "
-               "checkpoint (drainctl ledger prune deletes them, not the operator)",
+    Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_PLURAL, ("get", "list", "create"),
+               "kube.create_snapshot, kube.get_snapshot, kube.list_checkpoint_snapshots: the "
+               "workspace snapshot of each checkpoint, those deletions wait for listed by "
+               "their checkpoint label (drainctl ledger prune deletes them, not the operator)",
                Need.SNAPSHOTS),
     Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_CLASS_PLURAL, ("list",),
                "kube.snapshot_classes: the class for the PVC's CSI driver", Need.SNAPSHOTS),
