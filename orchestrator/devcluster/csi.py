@@ -484,9 +484,8 @@ class HostPathDriver:
             # Each snapshot is its own copy and its own objects: taken side by side, so a
             # fan-out of deletions does not wait for its snapshots one API round trip at
             # a time.
-            for _ in self._takers.map(lambda snapshot: self._converge_snapshot(
-                    snapshot, classes, claims, provisioned), snapshots):  # fmt: skip
-                pass
+            list(self._takers.map(lambda snapshot: self._converge_snapshot(
+                snapshot, classes, claims, provisioned), snapshots))  # fmt: skip
             self._collect(snapshots, contents)
         self._restore(claims, snapshots or [], contents or [])
         self._bind(claims)
