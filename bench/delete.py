@@ -111,7 +111,6 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
         "DRAIN_BROKER_URL": broker,
         "DRAIN_RESULT_BACKEND": broker,
         "DRAIN_DATABASE_URL": database,
-        "DRAIN_RECONCILE_INTERVAL_SECS": "0.5",
     }
     stack = DevStackProcess(root, env=env)
     noop = floors.NoopChain(root, broker)

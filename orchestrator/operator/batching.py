@@ -2,10 +2,13 @@
 
 When 200 CalibanTasks are deleted at once, kopf runs 200 finalizers side by side; each
 used to begin its drain alone (a ledger transaction and a chain publish each, in a
-thread of a small pool), so they queued one after another. ``DrainBatcher`` collects
-the drains asked for within ``BATCH_WINDOW_SECS`` and begins them with one
-``pipeline.start_drains`` call: one transaction for every operation row, the chains
-published concurrently. Each caller gets its own operation, as ``start_drain`` answers.
+thread of a small pool), so they queued one after another. ``DrainBatcher`` begins
+the drains asked for with one ``pipeline.start_drains`` call per batch: one transaction
+for every operation row, the chains published concurrently. Each caller gets its own
+operation, as ``start_drain`` answers. No drain waits for company: a batch is what was
+asked for in the same turn of the event loop, and then whatever was asked for while the
+batch before it was being begun (a group commit), so a lone deletion starts at once and
+200 at once share a few transactions.
 
 A batch that ``start_drains`` refuses as a whole (one bad name starts nothing) is begun
 again one drain at a time, so one task's error is that task's alone.
@@ -26,8 +29,6 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BATCH_WINDOW_SECS = 0.005
-"""How long the first drain of a batch waits for others: well under one ledger commit."""
 BATCH_MAX = 200
 """At most this many drains in one ``start_drains`` call."""
 
@@ -61,7 +62,7 @@ class DrainBatcher:
         return await waiting.answer
 
     async def _flush(self) -> None:
-        await asyncio.sleep(BATCH_WINDOW_SECS)
+        await asyncio.sleep(0)  # the drains asked for in this turn of the loop join
         while self.waiting:
             batch, self.waiting = self.waiting[:BATCH_MAX], self.waiting[BATCH_MAX:]
             await self._begin(batch)

@@ -25,6 +25,7 @@ ledger and waits for it instead of starting a second one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -130,10 +131,10 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 DELETE_FOLLOW_SECS = 10.0
-DELETE_POLL_SECS = 0.02
+DELETE_POLL_SECS = 0.005
 DAEMON_LOOK_SECS = 2.0
 """How often a deletion's drain looks whether a daemon is left to answer it."""
-SNAPSHOT_POLL_SECS = 0.02
+SNAPSHOT_POLL_SECS = 0.005
 """How often the deletions waiting for their checkpoints' snapshots look whether they are
 ready (one list of them all), stretched by ``SNAPSHOT_POLL_PER_TASK`` for each."""
 SNAPSHOT_POLL_PER_TASK = 0.0005
@@ -290,6 +291,8 @@ class Reconciler:
         """The newest heartbeat this pass read, for its steward's deadlines."""
         self.rest: Rest | None = None
         """How the pass left the task (``pacing``): None while something is on its way."""
+        self._class_ahead: tuple[str, asyncio.Task[tuple[str | None, str | None]]] | None = None
+        """A workspace PVC and its snapshot class, looked up while its drain runs."""
 
     # -- status writing
 
@@ -712,7 +715,7 @@ class Reconciler:
             return True
         pvc, name = checkpoint.pvc_name, checkpoint.snapshot_name
         if name is None:
-            class_name, problem = await self.snapshot_class(pvc)
+            class_name, problem = await self._snapshot_class_of(pvc)
             if problem is not None:
                 await self.snapshot_failed(ref, None, problem)
                 return True
@@ -741,6 +744,25 @@ class Reconciler:
             why += f" (the snapshotter says: {state.error})"
         await self.snapshot_failed(ref, name, why)
         return True
+
+    def look_up_snapshot_class_ahead(self) -> None:
+        """While the workspace's drain runs, look up its snapshot class (four API reads),
+        so the checkpoint's snapshot is asked for the moment the checkpoint is recorded.
+        A lookup that fails is made again then, where its error is reported."""
+        if self._class_ahead is not None or not self.status.get("pvcName"):
+            return
+        if not (self.settings.manage_sandbox and self.settings.snapshots):
+            return
+        lookup = asyncio.create_task(self.snapshot_class(self.pvc_name), name="snapshot class")
+        lookup.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._class_ahead = (self.pvc_name, lookup)
+
+    async def _snapshot_class_of(self, pvc_name: str) -> tuple[str | None, str | None]:
+        ahead = self._class_ahead
+        if ahead is not None and ahead[0] == pvc_name:
+            with contextlib.suppress(Exception):
+                return await ahead[1]
+        return await self.snapshot_class(pvc_name)
 
     async def snapshot_class(self, pvc_name: str) -> tuple[str | None, str | None]:
         """The VolumeSnapshotClass for the workspace (None: the cluster offers none that
@@ -1704,6 +1726,7 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
             continue
         assert op is not None
         r.record_operation(op)
+        r.look_up_snapshot_class_ahead()
         if action is DeleteAction.RECORDED and op.checkpoint_ref:
             await _release_with_checkpoint(r, op.checkpoint_ref)
             return
