@@ -8,6 +8,12 @@ directory and deleted, so a plain or ``--quick`` run (CI) still draws them and l
 tree as it was. Exit 0 when every check passes (under ``--quick`` the budgets are advisory:
 small N and one repetition say nothing about them, so only correctness decides), 1 when
 a budget is missed, 2 when a correctness check fails or a scenario errors.
+
+``--jobs N`` runs N scenarios side by side, each in a process of its own (its own
+directory, Redis database, ports and PostgreSQL database, so they share nothing but the
+machine). A measurement wants the machine to itself, so the default is one at a time;
+``--quick``, which checks that every scenario still runs and is right rather than how
+fast, defaults to :data:`QUICK_JOBS`.
 """
 
 from __future__ import annotations
@@ -17,61 +23,10 @@ import os
 import shlex
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
-from bench import (
-    audit_cost,
-    delete,
-    drain,
-    fanout,
-    fleet,
-    ledger,
-    pipeline,
-    plot,
-    recovery,
-    report,
-    resume,
-    wake,
-)
-from worker_agent.testing import short_tmp
-
-SCENARIOS = (
-    "drain",
-    "resume",
-    "pipeline",
-    "delete",
-    "recovery",
-    "wake",
-    "audit",
-    "ledger",
-    "fleet",
-    "fanout",
-)
-
-
-def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
-    if name == "drain":
-        return drain.run(args.quick)
-    if name == "ledger":
-        return ledger.run(args.quick, args.ledger_database_url)
-    if name == "resume":
-        return resume.run(args.quick)
-    with short_tmp(f"cd-{name[:3]}-") as root:
-        if name == "pipeline":
-            return pipeline.run(args.quick, root, args.redis_port, args.database_url)
-        if name == "recovery":
-            return recovery.run(args.quick, root, args.redis_port)
-        if name == "fleet":
-            return fleet.run(args.quick, root, args.redis_port, args.fleet_database_url)
-        if name == "wake":
-            return wake.run(args.quick, root, args.redis_port)
-        if name == "audit":
-            return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
-        if name == "fanout":
-            return fanout.run(args.quick, root, args.redis_port)
-        return delete.run(args.quick, root, args.redis_port)
+from bench import audit_cost, fleet, ledger, plot, report
+from bench.scenarios import QUICK_JOBS, SCENARIOS, run_all
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,8 +37,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=SCENARIOS,
         help="run only this scenario (repeatable; default all)",
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: every scenario small, {QUICK_JOBS} side by side",
+    )
     parser.add_argument("--write", action="store_true", help="write results.json and RESULTS.md")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"run N scenarios side by side (default 1; --quick {QUICK_JOBS})",
+    )
     parser.add_argument(
         "--redis-port",
         type=int,
@@ -123,19 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         f"between runs); default {ledger.DATABASE_URL}",
     )
     args = parser.parse_args(argv)
+    jobs = args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else 1)
+    if jobs < 1:
+        parser.error(f"--jobs must be at least 1, not {jobs}")
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     host = report.machine()
     print(f"# {command}: {report.machine_line(host)}", flush=True)
-    scenarios, failed = [], False
-    for name in args.scenario or SCENARIOS:
-        began = time.monotonic()
-        try:
-            scenarios.append(run_one(name, args))
-        except Exception:
-            traceback.print_exc()
-            print(f"scenario {name} FAILED (error above)", file=sys.stderr)
-            failed = True
-        print(f"  ({name}: {time.monotonic() - began:.0f} s)", flush=True)
+    names = list(dict.fromkeys(args.scenario or SCENARIOS))
+    ran = run_all(names, args, jobs)
+    scenarios = [scenario for scenario in ran if scenario is not None]
+    failed = len(scenarios) < len(ran)
     print("\n" + report.render(scenarios, command, host, args.quick))
     try:
         if args.write and scenarios:

@@ -51,7 +51,7 @@ SENDERS = 32
 MEMORY_RESERVE_GIB = 3.0
 """Start-up stops while less than this would stay available."""
 NAMESPACE = "default"
-REDIS_DB = 13
+REDIS_DB = 11
 
 
 @dataclass

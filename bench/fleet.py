@@ -54,8 +54,8 @@ NAMESPACE = "default"
 SIZE, QUICK_SIZE = 1000, 20
 SAMPLES, QUICK_SAMPLES = 20, 3
 """Causes of each kind, one after another."""
-REST_SECS, QUICK_REST_SECS = 60.0, 5.0
-SETTLE_SECS, QUICK_SETTLE_SECS = 10.0, 2.0
+REST_SECS, QUICK_REST_SECS = 60.0, 3.0
+SETTLE_SECS, QUICK_SETTLE_SECS = 10.0, 1.0
 """After the last task is Running, before the rest window: the last passes finish."""
 IDLE_TIMEOUT_SECS = 600.0
 IDLE_DUE_IN_SECS = 3.0

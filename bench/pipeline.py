@@ -238,7 +238,7 @@ def pss(daemon: DaemonProcess) -> int:
 
 
 def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> Scenario:
-    repeat, fanout_n = (1, 5) if quick else (5, 200)
+    repeat, fanout_n = (1, 3) if quick else (5, 200)
     broker = flushed_redis(redis_port, REDIS_DB)
     database = fresh_ledger(database_url or f"sqlite:///{root / 'ledger.db'}")
     p = Pipeline(root, broker, database)

@@ -17,9 +17,9 @@ from tests.pipeline_support import REDIS_PORT, redis_db_url
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 QUICK_RUN_SECS = 600
-"""How long every quick scenario may take together (each a few seconds to a minute on
-this machine, the ones on a dev stack or cluster starting it; twice that while the rest
-of the suite runs beside it)."""
+"""How long the quick run may take: about a minute on a quiet machine (4 scenarios side
+by side, ``bench.scenarios.QUICK_JOBS``), several times that while the rest of the suite
+runs beside it."""
 
 
 @pytest.mark.timeout(QUICK_RUN_SECS + 30)

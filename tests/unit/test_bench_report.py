@@ -4,6 +4,8 @@ results, and every scenario with ``data["curves"]`` gets its PNG (``bench.plot``
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from bench import plot, report
 from bench.report import Check, Scenario
 
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOST = {
     "nproc": 2, "ram_gib": 8.0, "python": "3.11.7 (CPython)", "kernel": "Linux 6",
@@ -130,3 +133,18 @@ def test_a_scenario_recorded_before_sections_keeps_its_section_and_its_run(
     delete = block.partition("### Delete")[2]
     assert delete.startswith("\n\n- Command: `python -m bench`\n- Date: 2026-12-01 10:00 UTC\n")
     assert "- deleted" in delete
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3", "four"])
+def test_a_jobs_count_that_is_not_a_positive_number_is_refused_in_one_line(jobs: str) -> None:
+    """Tried: ``--jobs 0``, a negative count and a word. Nothing runs: exit 2, the reason
+    on stderr's last line, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--jobs", jobs, "--scenario", "drain"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    last = done.stderr.strip().splitlines()[-1]
+    assert "--jobs" in last, last
