@@ -5,6 +5,7 @@ worker, daemons, consumers, agents and ``drainctl`` as real subprocesses."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -360,6 +361,33 @@ def test_the_operators_drains_asked_together_begin_in_one_batch_and_a_bad_one_al
         assert isinstance(fine, OperationView) and fine.state is OperationState.DRAINING
         assert isinstance(bad, TaskNameError)
         assert client.llen("caliband.team-b.fine") == 1
+    finally:
+        client.close()
+        ledger.dispose()
+
+
+def test_a_long_lived_sender_keeps_no_result_subscription_for_the_chains_it_sent(
+    tmp_short: Path,
+) -> None:
+    """The operator sends every drain from one process for weeks and never waits on a
+    Celery result (it follows the ledger). The Redis result backend subscribes to a
+    task's result channel when it is sent; those subscriptions must not pile up (each
+    would hold its channel on the server and its buffered result in the process). Tried:
+    20 drains one by one and 40 at once (sent from the thread pool), none consumed."""
+    broker = redis_db_url(PIPELINE_REDIS_DB)
+    database = fresh_sqlite(tmp_short)
+    settings = Settings(broker_url=broker, result_backend=broker, database_url=database)
+    app, ledger = make_app(settings), Ledger.from_url(database)
+    client = redis.Redis.from_url(broker)
+    try:
+        for i in range(20):
+            start_drains(app, ledger, settings, [DrainStart("team-c", f"one-{i}")])
+        start_drains(app, ledger, settings, [DrainStart("team-c", f"many-{i}") for i in range(40)])
+        assert client.llen("caliband.team-c.one-0") == 1  # sent, and nobody consumed it
+        gc.collect()
+        assert client.pubsub_channels("celery-task-meta-*") == []
+        consumer = getattr(app.backend, "result_consumer", None)
+        assert consumer is None or not consumer.subscribed_to
     finally:
         client.close()
         ledger.dispose()
