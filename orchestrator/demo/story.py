@@ -318,6 +318,48 @@ class Story:
         except ProcessExited as exc:
             raise DemoFailure(str(exc).splitlines()[0]) from None
 
+    def resource_version(self) -> str:
+        """The CalibanTasks' list version now: a watch from it sees every later change."""
+        listed = self.custom().list_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL
+        )
+        return str(listed["metadata"]["resourceVersion"])
+
+    def states_until_gone(
+        self, name: str, since: str, timeout: float = STEP_TIMEOUT
+    ) -> list[dict[str, Any]]:
+        """Every state of CalibanTask ``name`` the API sent after ``since``, the last
+        being its deletion. A watch, not a poll: a state that lasts a few milliseconds
+        (a fast deletion's ``Draining`` with its checkpoint) is seen however fast the
+        operator goes."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        assert self.stack is not None
+        states: list[dict[str, Any]] = []
+        stream = watch.Watch()
+        try:
+            for event in stream.stream(
+                self.custom().list_namespaced_custom_object, crd.GROUP, crd.VERSION,
+                NAMESPACE, crd.PLURAL, resource_version=since, timeout_seconds=int(timeout),
+            ):  # fmt: skip
+                obj = event["object"]
+                if (obj.get("metadata") or {}).get("name") != name:
+                    continue
+                states.append(obj)
+                if event["type"] == "DELETED":
+                    return states
+        except (ApiException, HTTPError) as exc:
+            self.stack.check_alive("drainctl dev up")
+            raise DemoFailure(f"watching {name} failed: {exc}".splitlines()[0]) from None
+        finally:
+            stream.stop()
+        self.stack.check_alive("drainctl dev up")
+        raise DemoFailure(
+            f"{name} was not gone within {timeout:g}s; logs in {self.stack.state / 'logs'}"
+        )
+
     def wait_phase(self, name: str, phase: str, *, agents: int | None = None) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             status = self.status(name)
@@ -494,21 +536,20 @@ class Story:
             self.kubectl("get", "pvc", pvc),
         ):
             self.record("woken", self.sessions(pvc))  # every prompt answered: nothing moves
+            since = self.resource_version()
             self.custom().delete_namespaced_custom_object(
                 crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, TASK
             )
             seen: dict[str, str] = {}
-
-            def gone() -> bool:
-                status = self.status(TASK)
+            for state in self.states_until_gone(TASK, since):
+                status = state.get("status") or {}
                 if status.get("phase"):
                     seen.setdefault(f"phase {status['phase']}", status["phase"])
                 ref = status.get("checkpointRef")
                 if status.get("phase") == "Draining" and ref and ref != paused:
                     seen["ref"] = str(ref)  # until recorded, it is still the pause's
-                return self.task(TASK) is None
-
-            self.wait(f"{TASK} to be gone", gone)
+            if self.task(TASK) is not None:
+                raise DemoFailure(f"the watch saw {TASK} deleted, but a GET still finds it")
             if "phase Draining" not in seen:
                 raise DemoFailure(f"{TASK} was never seen Draining (seen: {sorted(seen)})")
             deleted = self.deletion_checkpoint()
