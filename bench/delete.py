@@ -22,7 +22,7 @@ from bench.audit import Audit
 from bench.report import Check, Scenario, at_most, median, ms, ms_list
 from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
-from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
+from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
 from worker_agent import layout
 from worker_agent.session import count_completed_turns
 from worker_agent.testing import wait_until
@@ -107,12 +107,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     repeat = 1 if quick else 7
     broker = flushed_redis(redis_port, REDIS_DB)
     database = fresh_ledger(f"sqlite:///{root / 'ledger.db'}")
-    env = {
-        "DRAIN_BROKER_URL": broker,
-        "DRAIN_RESULT_BACKEND": broker,
-        "DRAIN_DATABASE_URL": database,
-    }
-    stack = DevStackProcess(root, env=env)
+    stack = DevStackProcess(root, env=pipeline_env(broker, database))
     noop = floors.NoopChain(root, broker)
     ledger = Ledger.from_url(database)
     audit = Audit()

@@ -35,7 +35,7 @@ from bench.audit import Audit
 from bench.report import Check, Scenario, median, ms, percentile
 from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
-from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
+from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
 from worker_agent import layout
 from worker_agent.children import descendants
 from worker_agent.session import count_completed_turns
@@ -282,12 +282,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     sizes = QUICK_SIZES if quick else SIZES
     broker = flushed_redis(redis_port, REDIS_DB)
     database = fresh_ledger(f"sqlite:///{root / 'ledger.db'}")
-    env = {
-        "DRAIN_BROKER_URL": broker,
-        "DRAIN_RESULT_BACKEND": broker,
-        "DRAIN_DATABASE_URL": database,
-    }
-    stack = DevStackProcess(root, env=env)
+    stack = DevStackProcess(root, env=pipeline_env(broker, database))
     ledger = Ledger.from_url(database)
     audit = Audit()
     rounds: list[Round] = []

@@ -33,7 +33,7 @@ from bench.report import Check, Scenario, median, ms, ms_list
 from orchestrator.devcluster.csi import special_files
 from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
-from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
+from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
 from worker_agent import layout
 from worker_agent.children import descendants
 from worker_agent.session import load_session
@@ -186,9 +186,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     repeat = 2 if quick else 6
     broker = flushed_redis(redis_port, REDIS_DB)
     database = fresh_ledger(f"sqlite:///{root / 'ledger.db'}")
-    env = {"DRAIN_BROKER_URL": broker, "DRAIN_RESULT_BACKEND": broker,
-           "DRAIN_DATABASE_URL": database}  # fmt: skip
-    stack = DevStackProcess(root / "stack", env=env)
+    stack = DevStackProcess(root / "stack", env=pipeline_env(broker, database))
     (root / "stack").mkdir()
     ledger = Ledger.from_url(database)
     by_kind: dict[str, list[float]] = {label: [] for label, _ in DISRUPTIONS}

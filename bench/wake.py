@@ -38,7 +38,7 @@ from bench.report import Check, Scenario, median, ms, ms_list, percentile
 from bench.resume import completed_at, events
 from orchestrator.ledger import Ledger, OperationKind
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION, WAKE_ANNOTATION, sandbox_name
-from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger
+from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
 from worker_agent import layout
 from worker_agent.children import descendants
 from worker_agent.session import load_session
@@ -239,10 +239,10 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     repeat, agents = (1, QUICK_AGENTS) if quick else (7, AGENTS)
     broker = flushed_redis(redis_port, REDIS_DB)
     database = fresh_ledger(f"sqlite:///{root / 'ledger.db'}")
-    env = {"DRAIN_BROKER_URL": broker, "DRAIN_RESULT_BACKEND": broker,
-           "DRAIN_DATABASE_URL": database, "DRAIN_LOG_FORMAT": "json"}  # fmt: skip
     (root / "stack").mkdir()
-    stack = DevStackProcess(root / "stack", env=env)
+    stack = DevStackProcess(
+        root / "stack", env=pipeline_env(broker, database, DRAIN_LOG_FORMAT="json")
+    )
     ledger = Ledger.from_url(database)
     wakes: list[dict[str, float]] = []
     try:

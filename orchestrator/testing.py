@@ -92,6 +92,17 @@ def fresh_ledger(url: str) -> str:
     return url
 
 
+def pipeline_env(broker: str, database: str, **extra: str) -> dict[str, str]:
+    """The environment that points a stack's processes at ``broker`` (its broker and
+    result backend) and the ledger ``database``, plus ``extra`` settings."""
+    return {
+        "DRAIN_BROKER_URL": broker,
+        "DRAIN_RESULT_BACKEND": broker,
+        "DRAIN_DATABASE_URL": database,
+        **extra,
+    }
+
+
 _READY = re.compile(r"@\S+ ready\.")
 
 
