@@ -30,10 +30,12 @@ from orchestrator.ledger.repository import (
     OperationChange,
     OperationMove,
     OperationView,
+    OtherTask,
     UnknownOperation,
     checkpoint_ref_for,
     create_ledger_engine,
     is_label_value,
+    other_task,
 )
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "OperationMove",
     "OperationState",
     "OperationView",
+    "OtherTask",
     "UnknownOperation",
     "checkpoint_ref_for",
     "create_ledger_engine",
@@ -60,6 +63,7 @@ __all__ = [
     "downgrade",
     "head",
     "is_label_value",
+    "other_task",
     "upgrade",
     "upgrade_sql",
 ]

@@ -98,6 +98,30 @@ class LedgerConflict(LedgerError):
         super().__init__(f"operation {op_id} is {current}, so it cannot become {wanted}: {why}")
 
 
+class OtherTask(LedgerError):
+    """The refs come from the daemon of another task (one re-created under the same
+    name, its uid differs): never recorded as this operation's checkpoint."""
+
+    def __init__(self, op_id: str, answered_by: str, task_uid: str) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"drain refused by the ledger: the daemon that answered serves task uid "
+            f"{answered_by}, the operation is for {task_uid}"
+        )
+
+
+def other_task(op_id: str, task_uid: str, answered_by: str | None) -> OtherTask | None:
+    """Why refs from a daemon serving ``answered_by`` are not the checkpoint of the
+    operation ``op_id`` for ``task_uid``, or None. Daemons refuse a drain for another uid
+    themselves; this is the ledger's own check, whatever the daemon's version. An
+    operation begun without a uid (``drainctl drain``: its task_uid is ``namespace/name``,
+    which no Kubernetes uid looks like) takes the daemon's word, and so does a daemon
+    that serves no uid."""
+    if answered_by is None or "/" in task_uid or answered_by == task_uid:
+        return None
+    return OtherTask(op_id, answered_by, task_uid)
+
+
 class UnknownOperation(LedgerError, LookupError):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
@@ -603,6 +627,7 @@ class Ledger:
         reason: CheckpointReason,
         pvc_name: str | None = None,
         forced: bool = False,
+        answered_by: str | None = None,
     ) -> CheckpointView:
         """Record the operation's checkpoint from the daemon's resume refs, exactly once.
 
@@ -617,6 +642,11 @@ class Ledger:
         true when the checkpoint is not forced and every ref is clean (vacuously so for a
         daemon with no agents: that drain really did verify all of nothing). A forced
         checkpoint is the PVC as it was, checked by nobody, so it is never verified.
+
+        ``answered_by``: the task uid the daemon that drained serves. Refs from another
+        task's daemon are refused with ``OtherTask`` (nothing written; see
+        ``other_task``). The check is made in the write's own transaction, on the locked
+        row: a drain's record is one transaction, with no read before it.
         """
         why = _member(CheckpointReason, reason, "checkpoint reason")
         pvc = None if pvc_name is None else _text("pvc_name", pvc_name, NAME_MAX)
@@ -630,6 +660,8 @@ class Ledger:
                 existing = self._checkpoint_of(session, op_id)
                 if existing is not None:
                     return _checkpoint_view(existing)
+                if (refused := other_task(op_id, op.task_uid, answered_by)) is not None:
+                    raise refused
                 current = OperationState(op.state)
                 kind = OperationKind(op.kind)
                 if not kind.records_checkpoint:

@@ -30,6 +30,8 @@ from orchestrator.ledger import (
     OperationKind,
     OperationState,
     OperationView,
+    OtherTask,
+    other_task,
 )
 from orchestrator.pipeline.app import ACTIVITY, RECORD_CHECKPOINT, RECORD_RESUME, app
 from orchestrator.settings import get_settings
@@ -151,19 +153,20 @@ def record_checkpoint(
             op_id=args.op_id, checkpoint_ref=None, error=error
         ).model_dump(mode="json")
     assert not isinstance(result, str)
-    if (mismatch := _other_task(ledger, args.op_id, result.task_uid)) is not None:
-        _fail(ledger, args.op_id, mismatch)
-        return RecordCheckpointOutcome(
-            op_id=args.op_id, checkpoint_ref=None, error=mismatch
-        ).model_dump(mode="json")
     # One transaction takes the operation from pending/draining (or drained, left so by
     # the sweeper) straight to recorded with its checkpoint; a redelivery is answered
     # with the checkpoint already recorded. No separate ``drained`` write: it would be a
     # second commit on every drain's path, and nothing reads it in between.
     try:
         checkpoint = ledger.record_checkpoint(
-            args.op_id, result.refs, reason=args.reason, pvc_name=args.pvc_name
-        )
+            args.op_id, result.refs, reason=args.reason, pvc_name=args.pvc_name,
+            answered_by=result.task_uid,
+        )  # fmt: skip
+    except OtherTask as exc:
+        _fail(ledger, args.op_id, str(exc))
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=str(exc)
+        ).model_dump(mode="json")
     except ValueError as exc:
         # Refs the model accepted but the ledger cannot hold (a session dir outside the PVC).
         _fail(ledger, args.op_id, f"drain result not recordable: {exc}")
@@ -222,21 +225,6 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
     log.info("resume_recorded op=%s state=%s failed=%d", args.op_id, view.state, len(failures))
     return RecordResumeOutcome(op_id=args.op_id, state=view.state, failed=len(failures)).model_dump(
         mode="json"
-    )
-
-
-def _other_task(ledger: Ledger, op_id: str, drained_uid: str | None) -> str | None:
-    """Why refs a daemon serving ``drained_uid`` answered cannot be this operation's
-    checkpoint, or None. Daemons refuse a drain for another uid themselves; this is the
-    ledger's own check, so a checkpoint never lists another task's agents whatever the
-    daemon's version. An operation begun without a uid (``drainctl drain``: its task_uid
-    is ``namespace/name``, which no Kubernetes uid looks like) takes the daemon's word."""
-    op = ledger.get_operation(op_id)
-    if op is None or drained_uid is None or "/" in op.task_uid or op.task_uid == drained_uid:
-        return None
-    return (
-        f"drain refused by the ledger: the daemon that answered serves task uid {drained_uid}, "
-        f"the operation is for {op.task_uid}"
     )
 
 
@@ -362,8 +350,8 @@ _REASON_OF_KIND = {
 
 
 def _record_from_stored(ledger: Ledger, op: OperationView, result: DrainResult) -> bool:
-    if (mismatch := _other_task(ledger, op.id, result.task_uid)) is not None:
-        log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, mismatch)
+    if (refused := other_task(op.id, op.task_uid, result.task_uid)) is not None:
+        log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, refused)
         return False
     kept = (op.detail or {}).get("record") or {}
     try:
@@ -378,8 +366,9 @@ def _record_from_stored(ledger: Ledger, op: OperationView, result: DrainResult) 
         )
     try:
         checkpoint = ledger.record_checkpoint(
-            op.id, result.refs, reason=args.reason, pvc_name=args.pvc_name
-        )
+            op.id, result.refs, reason=args.reason, pvc_name=args.pvc_name,
+            answered_by=result.task_uid,
+        )  # fmt: skip
     except (LedgerConflict, ValueError) as exc:
         log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, exc)
         return False
