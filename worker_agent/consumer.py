@@ -66,6 +66,7 @@ from worker_agent.contract import (
     parse_daemon_queue,
     refusal,
 )
+from worker_agent.exiting import exit_now
 from worker_agent.journal import OperationJournal, Verb
 from worker_agent.proto import (
     DAEMON_STOPPING,
@@ -736,6 +737,9 @@ def main(argv: list[str] | None = None) -> None:
             "--without-mingle",
         ]
     )  # fmt: skip
+    # The worker has stopped: its last task acknowledged, its result stored, its events
+    # sent. Skip the interpreter's teardown (``exiting``).
+    exit_now(0)
 
 
 if __name__ == "__main__":

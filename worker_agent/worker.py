@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from worker_agent.children import die_with_parent
+from worker_agent.exiting import exit_now
 from worker_agent.layout import lock_file, session_file
 from worker_agent.providers import ProviderError, make_provider
 from worker_agent.session import (
@@ -336,9 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     code = asyncio.run(worker.run())
     # Everything is saved and announced; skip the interpreter's teardown (about 10 ms a
     # worker, which a drain of a hundred agents would otherwise wait for).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

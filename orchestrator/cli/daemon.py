@@ -48,6 +48,7 @@ def daemon(log_level: str, **options: Any) -> None:
 
     Options not given fall back to DRAIN_DAEMON_* variables.
     """
+    from worker_agent.exiting import exit_now
     from worker_agent.server import run_daemon
     from worker_agent.settings import DaemonSettings
 
@@ -60,6 +61,8 @@ def daemon(log_level: str, **options: Any) -> None:
     overrides = {names.get(k, k): v for k, v in options.items() if v is not None}
     # ConfigError and ValidationError become one line in errors.DrainctlGroup.
     asyncio.run(run_daemon(DaemonSettings(**overrides)))
+    # Drained, stopped and logged: skip the interpreter's teardown (``exiting``).
+    exit_now(0)
 
 
 @click.command()

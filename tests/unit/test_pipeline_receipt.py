@@ -102,7 +102,7 @@ def test_a_drain_result_is_recorded_in_one_transaction_with_no_read_before_it(
     op_id = begin(ledger)
     ledger.get_operation(op_id)  # the pool's connection is open before counting
     began: list[object] = []
-    engine = ledger._engine  # noqa: SLF001 - the transactions this ledger opens
+    engine = ledger._engine  # the transactions this ledger opens
 
     def begin_seen(connection: object) -> None:
         began.append(connection)
