@@ -1,11 +1,14 @@
 """A pod's processes end without the interpreter's teardown once their work is done
 (``worker_agent.exiting``): the daemon and its Celery consumer, stopped with SIGTERM,
-drain, log their last lines and exit 0, and no ``atexit`` hook of theirs runs.
+drain, log their last lines and exit 0; their ``atexit`` hooks run (kombu hands unacked
+messages back there), the freeing of their modules does not.
 
-The hook is planted with a ``sitecustomize`` on ``PYTHONPATH`` (every Python process of
-the pod loads it), which writes the process's command line to a file when the
-interpreter finalizes; a plain ``python -c pass`` with the same environment shows that
-the hook does run in a process that ends the ordinary way, so the check can fail."""
+Both are seen through a ``sitecustomize`` on ``PYTHONPATH``, which every Python process
+of the pod loads: it registers an ``atexit`` hook and keeps an object in its module
+globals whose ``__del__`` only the teardown calls; each writes a line naming the
+process. A plain ``python -c pass`` with the same environment writes both lines, so the
+check can fail.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +24,21 @@ from tests.support import wait_until
 SITECUSTOMIZE = """
 import atexit, os, sys
 
-def _finalized():
-    with open(os.environ["EXIT_HOOKS_FILE"], "a") as out:
-        out.write(" ".join(sys.orig_argv) + "\\n")
+_OUT = os.open(os.environ["EXIT_HOOKS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+_ARGV = " ".join(sys.orig_argv)
 
-atexit.register(_finalized)
+
+def _atexit_ran(write=os.write, out=_OUT, argv=_ARGV):
+    write(out, f"atexit {argv}\\n".encode())
+
+
+class _TornDown:
+    def __del__(self, write=os.write, out=_OUT, argv=_ARGV):
+        write(out, f"teardown {argv}\\n".encode())
+
+
+atexit.register(_atexit_ran)
+_torn_down = _TornDown()
 """
 
 
@@ -43,7 +56,9 @@ def test_the_daemon_and_its_consumer_end_without_the_interpreters_teardown(
     control = subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, **env},
                              check=True)  # fmt: skip
     assert control.returncode == 0
-    assert finalized.read_text().split("\n")[0].endswith("-c pass")
+    assert [line.split()[0] for line in finalized.read_text().splitlines()] == [
+        "atexit", "teardown"
+    ]  # fmt: skip
     finalized.unlink()
 
     with pipeline_broker("redis") as broker:
@@ -64,6 +79,6 @@ def test_the_daemon_and_its_consumer_end_without_the_interpreters_teardown(
     assert code == 0, daemon.log_tail()
     assert "drained agents=2" in log
     assert "event=daemon_stopped" in log.rstrip().splitlines()[-1], daemon.log_tail()
-    ran = finalized.read_text().splitlines() if finalized.exists() else []
-    assert [line for line in ran if "worker_agent.consumer" in line] == []
-    assert [line for line in ran if " daemon " in line] == []
+    ran = finalized.read_text().splitlines()
+    for process in ("-m worker_agent.consumer ", " daemon --store "):
+        assert [line.split()[0] for line in ran if process in line] == ["atexit"], ran
