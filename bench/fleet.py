@@ -40,7 +40,7 @@ from bench.report import Check, Scenario, at_most, median, ms, percentile
 from orchestrator.ledger import ActivityView, Ledger, OperationKind, OperationView
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
 from orchestrator.settings import Settings
-from orchestrator.testing import WorkerProcess, flushed_redis
+from orchestrator.testing import WorkerProcess, flushed_redis, pipeline_env
 from worker_agent.contract import (
     ACTIVITY,
     ORCHESTRATOR_QUEUE,
@@ -231,9 +231,10 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
     settings = Settings()
     api = ApiServer(root).start()
     metrics_port = free_port()
-    env = {"KUBECONFIG": str(api.kubeconfig), "DRAIN_BROKER_URL": broker,
-           "DRAIN_RESULT_BACKEND": broker, "DRAIN_DATABASE_URL": url,
-           "DRAIN_METRICS_PORT": str(metrics_port), "DRAIN_METRICS_HOST": "127.0.0.1"}  # fmt: skip
+    env = pipeline_env(
+        broker, url, KUBECONFIG=str(api.kubeconfig), DRAIN_METRICS_PORT=str(metrics_port),
+        DRAIN_METRICS_HOST="127.0.0.1",
+    )  # fmt: skip
     worker_env = {**env, "DRAIN_WORKER_METRICS_PORT": "0"}
     worker = WorkerProcess(root / "worker.log", worker_env)
     operator = Operator(root / "operator.log", env, free_port())

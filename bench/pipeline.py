@@ -37,7 +37,7 @@ from orchestrator.pipeline.start import (
     wait_for_operations,
 )
 from orchestrator.settings import Settings
-from orchestrator.testing import WorkerProcess, flushed_redis, fresh_ledger
+from orchestrator.testing import WorkerProcess, flushed_redis, fresh_ledger, pipeline_env
 from worker_agent.children import descendants
 from worker_agent.proto import AgentStatus
 from worker_agent.testing import DaemonProcess, stop_all, wait_until
@@ -90,13 +90,9 @@ class Pipeline:
             heartbeat_interval_secs=600,
             heartbeat_poll_secs=5,
         )
-        self.env = {
-            "DRAIN_BROKER_URL": broker,
-            "DRAIN_RESULT_BACKEND": broker,
-            "DRAIN_DATABASE_URL": database,
-            "DRAIN_HEARTBEAT_INTERVAL_SECS": "600",
-            "DRAIN_HEARTBEAT_POLL_SECS": "5",
-        }
+        self.env = pipeline_env(
+            broker, database, DRAIN_HEARTBEAT_INTERVAL_SECS="600", DRAIN_HEARTBEAT_POLL_SECS="5"
+        )
         self.app = make_app(self.settings)
         self.ledger = Ledger.from_url(database)
         self.audit = Audit()
