@@ -54,7 +54,7 @@ def test_the_daemon_and_its_consumer_end_without_the_interpreters_teardown(
         "EXIT_HOOKS_FILE": str(finalized),
     }
     control = subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, **env},
-                             check=True)  # fmt: skip
+                             check=False)  # fmt: skip
     assert control.returncode == 0
     assert [line.split()[0] for line in finalized.read_text().splitlines()] == [
         "atexit", "teardown"
