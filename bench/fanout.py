@@ -50,6 +50,11 @@ SENDERS = 32
 """Threads sending the DELETEs (the client's connection pool is sized to match)."""
 MEMORY_RESERVE_GIB = 3.0
 """Start-up stops while less than this would stay available."""
+FIRST_ESTIMATE_MIB = 200
+"""What the first batch is assumed to take per task; each later batch is assumed to take
+what the one before took (the fall of available memory, or the pods' PSS if larger)
+with ``ESTIMATE_MARGIN``."""
+ESTIMATE_MARGIN = 1.2
 NAMESPACE = "default"
 REDIS_DB = 11
 
@@ -224,7 +229,7 @@ def pod_pss(stack: DevStackProcess) -> float:
 def start_fleet(fleet: Fleet, round_: Round, tag: str) -> list[str]:
     """Tasks created in batches while memory allows; every one Running with a turn."""
     names: list[str] = []
-    estimate = 200 * 1024**2
+    estimate = FIRST_ESTIMATE_MIB * 1024**2
     while len(names) < round_.requested:
         count = min(BATCH, round_.requested - len(names))
         available = psutil.virtual_memory().available
@@ -237,7 +242,8 @@ def start_fleet(fleet: Fleet, round_: Round, tag: str) -> list[str]:
         wait_until(functools.partial(fleet.working, batch), 600, f"{len(batch)} tasks working", 0.5)
         names += batch
         cost = pod_pss(fleet.stack)
-        estimate = max(estimate, int(cost * 1.2))
+        taken = (available - psutil.virtual_memory().available) / count
+        estimate = int(max(cost, taken) * ESTIMATE_MARGIN)
         round_.per_task_mib = max(round_.per_task_mib, cost / 1024**2)
         print(f"  fanout {tag}: {len(names)}/{round_.requested} tasks working")
     round_.started = len(names)

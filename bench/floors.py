@@ -27,6 +27,7 @@ from celery import Celery, chain
 from orchestrator.pipeline.app import make_app
 from orchestrator.settings import Settings
 from worker_agent import layout
+from worker_agent.celery_worker import run_worker
 from worker_agent.testing import Subprocess, child_env, short_tmp
 
 FLOOR_TURNS = 10
@@ -198,21 +199,15 @@ def round_trips(call: Callable[[], object], n: int = 3) -> float:
 
 def serve_noop_worker() -> None:
     """The no-op worker: both no-op queues, solo pool, like a daemon's consumer."""
-    noop_app(Settings().broker_url).worker_main(
-        [
-            "worker",
-            "--queues",
-            ",".join(NOOP_QUEUES),
-            "--pool",
-            "solo",
-            "--hostname",
-            "bench-noop@%h",
-            "--loglevel",
-            "INFO",
-            "--task-events",
-            "--without-gossip",
-            "--without-mingle",
-        ]
+    run_worker(
+        noop_app(Settings().broker_url),
+        queues=NOOP_QUEUES,
+        hostname="bench-noop@%h",
+        pool="solo",
+        loglevel="INFO",
+        quiet=False,
+        without_gossip=True,
+        without_mingle=True,
     )
 
 

@@ -41,6 +41,7 @@ from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutt
 from pydantic import ValidationError
 
 from worker_agent import broker_state, logformat, metrics
+from worker_agent.celery_worker import run_worker
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
     ACTIVITY,
@@ -724,22 +725,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     logformat.install_celery_hooks()
     _start_broker_watch()
-    app.worker_main(
-        [
-            *logformat.celery_options(),
-            "worker",
-            "--queues", args.queue,
-            "--pool", "solo",
-            "--hostname", f"{args.queue}@%h",
-            "--loglevel", args.loglevel,
-            "--task-events",
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )  # fmt: skip
+    code = run_worker(
+        app,
+        queues=[args.queue],
+        hostname=f"{args.queue}@%h",
+        pool="solo",
+        loglevel=args.loglevel,
+        quiet=logformat.quiet_worker(),
+        without_gossip=True,
+        without_mingle=True,
+    )
     # The worker has stopped: its last task acknowledged, its result stored, its events
     # sent. Skip the interpreter's teardown (``exiting``).
-    exit_now(0)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -181,12 +181,12 @@ def configure(level: str, log_format: str | None = None) -> None:
     logging.captureWarnings(True)  # a library's warning is a record too, not a bare line
 
 
-def celery_options(log_format: str | None = None) -> list[str]:
-    """Celery's global options for a worker started here: in JSON, ``--quiet``, since
-    its start-up banner is printed, not logged, and would be the only lines that are
-    not JSON objects (its ``… ready.`` record stays)."""
+def quiet_worker(log_format: str | None = None) -> bool:
+    """Whether a Celery worker started here goes without its start-up banner: in JSON,
+    since the banner is printed, not logged, and would be the only lines that are not
+    JSON objects (its ``… ready.`` record stays)."""
     chosen = log_format or LogSettings().log_format
-    return ["--quiet"] if chosen == "json" else []
+    return chosen == "json"
 
 
 def task_log_fields(args: object, kwargs: object) -> dict[str, str]:

@@ -249,19 +249,23 @@ def worker_cmd(
     _check_broker_url(app.conf.broker_url)
     ledger, settings = open_ledger(), get_settings()
     configure_logging(level)
-    from worker_agent.logformat import celery_options, install_celery_hooks
+    from worker_agent.celery_worker import run_worker
+    from worker_agent.logformat import install_celery_hooks, quiet_worker
 
     install_celery_hooks()  # Celery keeps to our logging; each task's records name it
     port = settings.worker_metrics_port if metrics_port is None else metrics_port
     serve_worker(app, ledger, settings.metrics_host, port)
     DeadlineSweeper(ledger, settings.sweep_interval_secs).start()
-    app.worker_main(
-        [
-            *celery_options(), "worker", "--queues", "orchestrator", "--pool", "threads",
-            "--concurrency", str(concurrency), "--hostname", "orchestrator@%h",
-            "--loglevel", level, "--task-events",
-        ]
-    )  # fmt: skip
+    code = run_worker(
+        app,
+        queues=["orchestrator"],
+        hostname="orchestrator@%h",
+        pool="threads",
+        loglevel=level,
+        quiet=quiet_worker(),
+        concurrency=concurrency,
+    )
+    sys.exit(code)
 
 
 @click.command("flower")
