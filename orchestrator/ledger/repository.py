@@ -500,6 +500,22 @@ class Ledger:
                 found.update((row.id, _operation_view(row)) for row in rows)
         return found
 
+    def operation_states(self, op_ids: Collection[str]) -> dict[str, OperationState]:
+        """The states of the operations of ``op_ids`` that are in the ledger, by id, in
+        one read of those two columns: what a follower of many operations polls (200 of
+        them: about 7 ms of CPU as whole operations, their JSON columns decoded), reading
+        the whole operation only once its state has moved."""
+        wanted = list(dict.fromkeys(op_ids))
+        found: dict[str, OperationState] = {}
+        with self._reads.begin() as session:
+            for start in range(0, len(wanted), AUDIT_IN_BATCH):
+                chunk = wanted[start : start + AUDIT_IN_BATCH]
+                rows = session.execute(
+                    select(Operation.id, Operation.state).where(Operation.id.in_(chunk))
+                )
+                found.update((op_id, OperationState(state)) for op_id, state in rows)
+        return found
+
     def find_operation(self, idempotency_key: str) -> OperationView | None:
         with self._sessions.begin() as session:
             row = session.scalar(

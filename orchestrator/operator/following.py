@@ -37,11 +37,22 @@ class _Wait(Generic[K, V]):
     )
 
 
+BUSY_SHARE = 0.2
+"""The most of its time a poller spends reading: after a read that took ``t`` seconds it
+waits at least ``t * (1 / BUSY_SHARE - 1)`` before the next one."""
+
+
 class Poller(Generic[K, V]):
     """Every ``interval``, while anything waits: ``read`` the awaited keys in one call
     (a key absent from its answer reads as None) and wake each wait whose ``done``
     holds for what was read. ``per_key`` stretches the interval by that much for each
-    key awaited, so a read that grows with the keys is not repeated as often."""
+    key awaited, so a read that grows with the keys is not repeated as often.
+
+    Whatever the interval, reads take at most :data:`BUSY_SHARE` of the time: a read
+    that grows with the keys or slows with the machine (200 deletions followed on two
+    busy cores) is spaced out to match, instead of reading back to back and taking the
+    CPU from the handlers and the services whose progress it waits for. A read of a few
+    keys on a quiet machine takes a fraction of ``interval``, which it leaves as is."""
 
     def __init__(
         self,
@@ -56,6 +67,8 @@ class Poller(Generic[K, V]):
         self.read = read
         self.reads = 0
         """Reads made so far (each one for every key awaited at the time)."""
+        self.reading_secs = 0.0
+        """Seconds spent in reads so far (their wall time)."""
         self._waits: list[_Wait[K, V]] = []
         self._last: dict[K, V | None] = {}
         self._loop: asyncio.Task[None] | None = None
@@ -77,16 +90,23 @@ class Poller(Generic[K, V]):
                 self._last.pop(key, None)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        took = 0.0
         while self._waits:
-            await asyncio.sleep(self.interval + self.per_key * len({w.key for w in self._waits}))
+            pause = self.interval + self.per_key * len({w.key for w in self._waits})
+            await asyncio.sleep(max(pause, took * (1 / BUSY_SHARE - 1)))
             keys = {w.key for w in self._waits}
             if not keys:
                 break
+            started = loop.time()
             try:
                 read = await self.read(keys)
             except Exception:  # the waits run out their bound and look for themselves
                 log.exception("follow_read_failed poller=%s keys=%d", self.name, len(keys))
                 continue
+            finally:
+                took = loop.time() - started
+                self.reading_secs += took
             self.reads += 1
             for wait in list(self._waits):
                 value = read.get(wait.key)

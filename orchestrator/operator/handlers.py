@@ -1744,11 +1744,13 @@ async def _drain_on_delete(body: kopf.Body, patch: kopf.Patch) -> None:
         # Woken when the drain's state moves (one ledger read per poll for every deletion
         # followed at once), or at the next look for a daemon, whichever is first.
         within = min(left, max(next_look - time.monotonic(), 0.0) + DELETE_POLL_SECS)
-        op = await _DRAINS.until(op.id, _moved_from(op.state), within) or op
+        state = await _DRAINS.until(op.id, _moved_from(op.state), within)
+        if state is not None and state is not op.state:
+            op = await _ledger_call(r.ledger.get_operation, op.id) or op
 
 
-async def _read_drains(op_ids: Collection[str]) -> Mapping[str, OperationView]:
-    return await _ledger_call(get_ledger().get_operations, op_ids)
+async def _read_drains(op_ids: Collection[str]) -> Mapping[str, OperationState]:
+    return await _ledger_call(get_ledger().operation_states, op_ids)
 
 
 async def _read_snapshots(keys: Collection[tuple[str, str]]) -> Mapping[tuple[str, str], Any]:
@@ -1760,18 +1762,19 @@ async def _read_snapshots(keys: Collection[tuple[str, str]]) -> Mapping[tuple[st
     return found
 
 
-def _moved_from(state: OperationState) -> Callable[[OperationView | None], bool]:
-    return lambda seen: seen is not None and seen.state != state
+def _moved_from(state: OperationState) -> Callable[[OperationState | None], bool]:
+    return lambda seen: seen is not None and seen is not state
 
 
 def _snapshot_ready(snapshot: Any) -> bool:
     return snapshot_state(snapshot).progress is SnapshotProgress.READY
 
 
-_DRAINS: following.Poller[str, OperationView] = following.Poller(
+_DRAINS: following.Poller[str, OperationState] = following.Poller(
     "drains", DELETE_POLL_SECS, _read_drains
 )
-"""Every deletion's drain, followed in the ledger with one read per poll."""
+"""Every deletion's drain state, followed in the ledger with one read per poll (the
+operation itself read once it has moved)."""
 _SNAPSHOTS: following.Poller[tuple[str, str], Any] = following.Poller(
     "snapshots", SNAPSHOT_POLL_SECS, _read_snapshots, SNAPSHOT_POLL_PER_TASK
 )

@@ -71,3 +71,41 @@ def test_a_read_that_fails_leaves_the_waits_to_their_bound_and_the_next_read_wak
 
     assert asyncio.run(scenario()) == (None, "recorded")
     assert len(store.asked) >= 2
+
+
+def test_a_slow_read_is_spaced_out_so_that_reading_takes_at_most_its_share_of_the_time() -> None:
+    """200 deletions followed on a busy machine: a read that takes 40 ms, polled every
+    5 ms, read back to back before (about 22 reads a second, the poller always busy)."""
+    store = Store()
+    store.values = {f"op-{i}": "draining" for i in range(200)}
+
+    async def slow_read(keys: Collection[str]) -> Mapping[str, str]:
+        await asyncio.sleep(0.04)
+        return await store.read(keys)
+
+    poller = Poller("drains", 0.005, slow_read)
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(
+            *(poller.until(f"op-{i}", lambda seen: seen == "recorded", 2.0) for i in range(200))
+        )
+        return loop.time() - started
+
+    elapsed = asyncio.run(scenario())
+    assert poller.reads >= 5  # it still reads, at the pace the reads allow
+    # a fifth of the time (BUSY_SHARE), with room for the timer; + the read cut off at the end
+    assert poller.reading_secs <= 0.25 * elapsed + 0.04
+
+
+def test_a_fast_read_keeps_the_interval() -> None:
+    store = Store()
+    store.values = {"op-1": "draining"}
+    poller = Poller("drains", 0.01, store.read)
+
+    async def scenario() -> None:
+        await poller.until("op-1", lambda seen: seen == "recorded", 0.5)
+
+    asyncio.run(scenario())
+    assert poller.reads >= 25  # about one every 10 ms over half a second

@@ -258,6 +258,18 @@ class LedgerBehaviour:
         assert found[ops[1].id].state is OperationState.DRAINING
         assert ledger.get_operations([]) == {}
 
+    def test_the_states_of_many_operations_are_read_in_one_call_and_unknown_ids_left_out(
+        self, ledger: Ledger
+    ) -> None:
+        ops = [begin(ledger, f"delete-drain:default/task-{i}:1", name=f"task-{i}")
+               for i in range(3)]  # fmt: skip
+        ledger.transition(ops[1].id, OperationState.DRAINING)
+
+        states = ledger.operation_states([ops[0].id, ops[1].id, "no-such-operation", ops[1].id])
+
+        assert states == {ops[0].id: OperationState.PENDING, ops[1].id: OperationState.DRAINING}
+        assert ledger.operation_states([]) == {}
+
     def test_a_new_operation_is_pending_with_utc_timestamps(self, ledger: Ledger) -> None:
         deadline = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=PLUS_TWO)
         op = begin(ledger, grace_secs=12.5, deadline_at=deadline)
