@@ -3,6 +3,18 @@ names the tests import."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from worker_agent.testing import DaemonProcess, short_tmp, wait_until
 
-__all__ = ["DaemonProcess", "short_tmp", "wait_until"]
+__all__ = ["DaemonProcess", "short_tmp", "sitecustomize_env", "wait_until"]
+
+
+def sitecustomize_env(directory: Path, source: str, **env: str) -> dict[str, str]:
+    """The environment (``env`` added) under which every Python process loads ``source``
+    as its ``sitecustomize``, written into ``directory`` (created here)."""
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(source)
+    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, **env}

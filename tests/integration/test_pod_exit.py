@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tests.pipeline_support import Stack, consumer_pid, fresh_sqlite, pipeline_broker
-from tests.support import wait_until
+from tests.support import sitecustomize_env, wait_until
 
 SITECUSTOMIZE = """
 import atexit, os, sys
@@ -45,14 +45,8 @@ _torn_down = _TornDown()
 def test_the_daemon_and_its_consumer_end_without_the_interpreters_teardown(
     tmp_short: Path,
 ) -> None:
-    hooks = tmp_short / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     finalized = tmp_short / "finalized.txt"
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-        "EXIT_HOOKS_FILE": str(finalized),
-    }
+    env = sitecustomize_env(tmp_short / "hooks", SITECUSTOMIZE, EXIT_HOOKS_FILE=str(finalized))
     control = subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, **env},
                              check=False)  # fmt: skip
     assert control.returncode == 0

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tests.pipeline_support import Stack, fresh_sqlite, pipeline_broker
+from tests.support import sitecustomize_env
 
 SITECUSTOMIZE = """
 import atexit, os, sys
@@ -45,14 +46,8 @@ def loaded_by(lines: list[str], process: str) -> list[str]:
 def test_the_consumer_and_the_orchestrator_worker_do_not_load_celerys_command_line(
     tmp_short: Path,
 ) -> None:
-    hooks = tmp_short / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     loaded = tmp_short / "loaded.txt"
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-        "LOADED_FILE": str(loaded),
-    }
+    env = sitecustomize_env(tmp_short / "hooks", SITECUSTOMIZE, LOADED_FILE=str(loaded))
     control = subprocess.run(
         [sys.executable, "-c", "import celery.bin.celery as c; c.celery.list_commands(None)"],
         env={**os.environ, **env}, check=False,
