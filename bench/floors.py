@@ -205,7 +205,6 @@ def serve_noop_worker() -> None:
         hostname="bench-noop@%h",
         pool="solo",
         loglevel="INFO",
-        quiet=False,
         without_gossip=True,
         without_mingle=True,
     )

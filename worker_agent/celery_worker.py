@@ -17,6 +17,8 @@ from celery import Celery
 from celery.utils.log import mlevel
 from celery.utils.nodenames import default_nodename, host_format
 
+from worker_agent.logformat import quiet_worker
+
 
 def run_worker(
     app: Celery,
@@ -25,21 +27,20 @@ def run_worker(
     hostname: str,
     pool: str,
     loglevel: str,
-    quiet: bool,
     concurrency: int | None = None,
     without_gossip: bool = False,
     without_mingle: bool = False,
 ) -> int:
     """Start a worker that consumes ``queues``, sends task events, and return its exit
     code once it has stopped (0 after a warm or cold shutdown, 1 after an unrecoverable
-    error). ``hostname`` takes ``%h`` as ``--hostname`` does; ``quiet``: no start-up
-    banner (``celery --quiet``)."""
+    error). ``hostname`` takes ``%h`` as ``--hostname`` does. In JSON logs the worker goes
+    without its start-up banner (``logformat.quiet_worker``)."""
     worker = app.Worker(
         queues=list(queues),
         hostname=host_format(default_nodename(hostname)),
         pool_cls=pool,
         loglevel=mlevel(loglevel),
-        quiet=quiet,
+        quiet=quiet_worker(),
         concurrency=concurrency,
         task_events=True,
         without_gossip=without_gossip,

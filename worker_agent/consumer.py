@@ -731,7 +731,6 @@ def main(argv: list[str] | None = None) -> None:
         hostname=f"{args.queue}@%h",
         pool="solo",
         loglevel=args.loglevel,
-        quiet=logformat.quiet_worker(),
         without_gossip=True,
         without_mingle=True,
     )

@@ -250,7 +250,7 @@ def worker_cmd(
     ledger, settings = open_ledger(), get_settings()
     configure_logging(level)
     from worker_agent.celery_worker import run_worker
-    from worker_agent.logformat import install_celery_hooks, quiet_worker
+    from worker_agent.logformat import install_celery_hooks
 
     install_celery_hooks()  # Celery keeps to our logging; each task's records name it
     port = settings.worker_metrics_port if metrics_port is None else metrics_port
@@ -262,7 +262,6 @@ def worker_cmd(
         hostname="orchestrator@%h",
         pool="threads",
         loglevel=level,
-        quiet=quiet_worker(),
         concurrency=concurrency,
     )
     sys.exit(code)
