@@ -42,6 +42,13 @@ BUSY_SHARE = 0.2
 waits at least ``t * (1 / BUSY_SHARE - 1)`` before the next one."""
 
 
+def pause_before_read(planned: float, last_read_took: float) -> float:
+    """How long a poller waits before its next read: ``planned`` (its interval, stretched
+    for the keys awaited), or longer if the last read would otherwise take more than
+    :data:`BUSY_SHARE` of the time."""
+    return max(planned, last_read_took * (1 / BUSY_SHARE - 1))
+
+
 class Poller(Generic[K, V]):
     """Every ``interval``, while anything waits: ``read`` the awaited keys in one call
     (a key absent from its answer reads as None) and wake each wait whose ``done``
@@ -93,8 +100,8 @@ class Poller(Generic[K, V]):
         loop = asyncio.get_running_loop()
         took = 0.0
         while self._waits:
-            pause = self.interval + self.per_key * len({w.key for w in self._waits})
-            await asyncio.sleep(max(pause, took * (1 / BUSY_SHARE - 1)))
+            planned = self.interval + self.per_key * len({w.key for w in self._waits})
+            await asyncio.sleep(pause_before_read(planned, took))
             keys = {w.key for w in self._waits}
             if not keys:
                 break
