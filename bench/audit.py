@@ -1,7 +1,7 @@
 """Nothing lost: every drained agent checked against its files on disk.
 
 An agent's recorded turns (a ``ResumeRef`` or a ledger checkpoint agent) must equal the
-turns in ``session.json`` and the ``turn_complete`` events in ``stdout.ndjson``, its
+turns in ``session.json`` and the ``TurnEnd`` records in ``stdout.ndjson``, its
 sha256 must be the file's, and it must be clean. A lost turn is one on disk (in the
 session or announced in the transcript) that the record does not hold.
 """
@@ -37,7 +37,7 @@ class Audit:
         if not turns == session.turns == announced:
             self.problems.append(
                 f"{where}: recorded {turns} turns, session.json {session.turns}, "
-                f"{announced} turn_complete events"
+                f"{announced} TurnEnd records"
             )
         if sha256 != session.sha256 or not clean:
             self.problems.append(

@@ -63,7 +63,7 @@ from orchestrator.testing import fresh_ledger
 from worker_agent import layout
 from worker_agent.contract import daemon_queue
 from worker_agent.proto import ResumeRef
-from worker_agent.session import Session, save_session
+from worker_agent.session import Session, save_session, utc_timestamp
 from worker_agent.testing import DRAINCTL, Subprocess, child_env
 
 SIZES = (100, 1000)
@@ -179,7 +179,9 @@ def sessions(root: Path) -> dict[str, tuple[Session, str, int]]:
         for turn in range(1, SESSION_TURNS + 1):
             messages.append({"role": "user", "content": f"{turn} " + "p" * PROMPT_CHARS})
             messages.append({"role": "assistant", "content": f"{turn} " + "r" * REPLY_CHARS})
-        session = Session(agent, SESSION_TURNS, messages, {"model": "bench"}, "")
+        stamp = utc_timestamp()  # fixed, so the snapshot copies written later are these bytes
+        extra = {"created_at": stamp, "updated_at": stamp, "model": "bench"}
+        session = Session(agent, SESSION_TURNS, messages, extra, "")
         directory = layout.agent_dir(root, agent)
         directory.mkdir(parents=True)
         digest = save_session(directory, session)

@@ -40,7 +40,7 @@ class Deleter:
         self.stack = stack
         self.ledger = ledger
         self.snapshots: list[float] = []
-        """Per deletion: checkpoint recorded → its VolumeSnapshot ready (part of the path)."""
+        """Per deletion: checkpoint recorded → its VolumeSnapshot cut (part of the path)."""
 
     def get(self, name: str) -> dict[str, Any]:
         got: dict[str, Any] = self.api.get_namespaced_custom_object(
@@ -87,11 +87,11 @@ class Deleter:
         checkpoint = self.ledger.latest_checkpoint("default", name)
         if checkpoint is None or len(checkpoint.agents) != AGENTS or not checkpoint.verified:
             audit.problems.append(f"{name}: checkpoint {checkpoint}")
-        elif checkpoint.snapshot_ready_at is None:
-            audit.problems.append(f"{name}: checkpoint {checkpoint.ref} has no ready snapshot")
+        elif checkpoint.snapshot_cut_at is None:
+            audit.problems.append(f"{name}: checkpoint {checkpoint.ref} has no cut snapshot")
         else:
-            ready = checkpoint.snapshot_ready_at - checkpoint.created_at
-            self.snapshots.append(ready.total_seconds())
+            cut = checkpoint.snapshot_cut_at - checkpoint.created_at
+            self.snapshots.append(max(cut.total_seconds(), 0.0))
         for agent in checkpoint.agents if checkpoint else ():
             audit.agent(
                 f"{name}/{agent.agent_id}",
@@ -133,9 +133,10 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
         title=f"Delete → gone, {AGENTS}-agent CalibanTask, end to end",
         setup=[
             "Path: DELETE → finalizer → drain (daemon queue) → record_checkpoint "
-            "(orchestrator queue) → VolumeSnapshot of the workspace until readyToUse (the "
-            "stand-in CSI driver copies the volume) → checkpointRef, PVC retained → GET "
-            "answers 404.",
+            "(orchestrator queue) → VolumeSnapshot of the workspace until cut (the stand-in "
+            "CSI driver copies the volume; it is readyToUse at the cut, a real driver's "
+            "minutes later, which the deletion does not wait for) → checkpointRef, PVC "
+            "retained → GET answers 404.",
             f"{AGENTS} scripted agents `model={MODEL!r}`; medians of {repeat} repetition(s).",
         ],
         table=[
@@ -146,7 +147,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             ("floor, sum", f"{ms(floor)} ms"),
             ("**ratio**", f"**{ratio:.2f}**"),
             (
-                "of delete → gone: checkpoint recorded → snapshot ready (median)",
+                "of delete → gone: checkpoint recorded → snapshot cut (median)",
                 f"{ms(median(deleter.snapshots))} ms" if deleter.snapshots else "-",
             ),
         ],

@@ -260,8 +260,8 @@ def audit_round(fleet: Fleet, names: list[str], volumes: dict[str, Path], audit:
         if len(checkpoint.agents) != 1 or not checkpoint.verified:
             audit.problems.append(f"{name}: checkpoint {checkpoint.ref} {checkpoint}")
             continue
-        if checkpoint.snapshot_ready_at is None:
-            audit.problems.append(f"{name}: checkpoint {checkpoint.ref} has no ready snapshot")
+        if checkpoint.snapshot_cut_at is None:
+            audit.problems.append(f"{name}: checkpoint {checkpoint.ref} has no cut snapshot")
         agent = checkpoint.agents[0]
         audit.agent(f"{name}/{agent.agent_id}", volumes[name] / agent.session_dir, agent.turns,
                     agent.session_sha256, agent.clean)  # fmt: skip
@@ -316,9 +316,9 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
         title=f"Fan-out: {last.started} CalibanTasks deleted at once through the API",
         setup=[
             "Path, per task: DELETE → finalizer → drain (daemon queue) → record_checkpoint "
-            "(orchestrator queue) → VolumeSnapshot until readyToUse (the stand-in CSI "
-            "driver copies the volume) → checkpointRef, PVC retained → gone (a watch opened "
-            "before the first DELETE sees it).",
+            "(orchestrator queue) → VolumeSnapshot until cut (the stand-in CSI driver "
+            "copies the volume, ready at the cut) → checkpointRef, PVC retained → gone (a "
+            "watch opened before the first DELETE sees it).",
             f"Each task: a real daemon, its Celery consumer and 1 scripted agent "
             f"`model={MODEL!r}`, Running with a completed turn; started in batches of "
             f"{BATCH} while {MEMORY_RESERVE_GIB:g} GiB would stay available (not timed).",

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,6 +62,12 @@ IDLE_TIMEOUT_SECS = 600.0
 IDLE_DUE_IN_SECS = 3.0
 """An idle sample's heartbeat says the task has been idle this long short of its timeout."""
 CPU_BUDGET, RSS_BUDGET_MB, P95_BUDGET = 0.05, 400.0, 0.5
+WAITING, QUICK_WAITING = 300, 10
+"""Tasks created with no daemon's heartbeat: Provisioning, waiting for it."""
+LEAVE_BUDGET_SECS = 1.0
+"""A waiting task's first heartbeat stored → its phase Running."""
+OUTAGE_SECS, QUICK_OUTAGE_SECS = 60.0, 8.0
+"""How long the ledger refuses connections under the fleet."""
 REDIS_DB = 4
 DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_fleet"
 THREADS = 8
@@ -197,19 +204,66 @@ def idle_stored(ledger: Ledger, name: str) -> Callable[[], ActivityView | None]:
 CAUSES = ("start", "event", "ledger", "clock")
 
 
-def passes(port: int) -> dict[str, float]:
-    """The operator's ``caliban_drain_operator_passes_total`` by cause."""
+def _metrics(port: int) -> str:
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
-        text = got.read().decode()
+        return str(got.read().decode())
+
+
+def passes(port: int) -> dict[str, float]:
+    """The operator's ``caliban_drain_operator_passes_total`` by cause."""
     found: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in _metrics(port).splitlines():
         if line.startswith("caliban_drain_operator_passes_total{"):
             labels, _, number = line.rpartition(" ")
             cause = labels.split('cause="', 1)[1].split('"', 1)[0]
             found[cause] = float(number)
     return found
+
+
+def counter(port: int, name: str) -> float:
+    """The operator's counter ``name`` (``…_total``), 0 before its first count."""
+    for line in _metrics(port).splitlines():
+        if line.startswith(f"{name}_total "):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def set_connections(url: str, allowed: bool) -> None:
+    """The ledger's database takes new connections, or refuses them and ends its own."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    admin = create_engine(parsed.set(database="postgres"), poolclass=NullPool,
+                          isolation_level="AUTOCOMMIT")  # fmt: skip
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{parsed.database}" ALLOW_CONNECTIONS '
+                              f"{'true' if allowed else 'false'}"))  # fmt: skip
+            if not allowed:
+                conn.execute(
+                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = :db AND pid <> pg_backend_pid()"),
+                    {"db": parsed.database},
+                )  # fmt: skip
+    finally:
+        admin.dispose()
+
+
+def lines_of(path: Path) -> int:
+    with path.open("rb") as handle:
+        return sum(1 for _ in handle)
+
+
+def cpu_over(pid: int, secs: float) -> tuple[float, float]:
+    """The process's CPU share over ``secs`` of wall time (user + system), and the window."""
+    cpu0, t0 = process_cpu(pid), time.monotonic()
+    time.sleep(secs)
+    window = time.monotonic() - t0
+    return (process_cpu(pid) - cpu0) / window, window
 
 
 def process_cpu(pid: int) -> float:
@@ -319,6 +373,60 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
             op = wait_for(f"{name}'s idle pause in the ledger", 60,
                           operation(ledger, name, OperationKind.PAUSE))  # fmt: skip
             idles.append(op.created_at.timestamp() - due)
+
+        # -- waiting for their daemons: Provisioning, no heartbeat yet
+        waiting = [f"wait-{i:03d}" for i in range(QUICK_WAITING if quick else WAITING)]
+        uids: dict[str, str] = {}
+
+        def create_waiting(name: str) -> None:
+            made = custom.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, task_body(name, suspended=False)
+            )
+            uids[name] = made["metadata"]["uid"]
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(create_waiting, waiting))
+        wait_until(in_phase(custom, waiting, "Provisioning"), 300,
+                   f"{len(waiting)} tasks Provisioning", interval=1)  # fmt: skip
+        time.sleep(QUICK_SETTLE_SECS if quick else SETTLE_SECS)
+        passes_w0 = passes(metrics_port)
+        waiting_cpu, waiting_window = cpu_over(operator.pid, rest_secs)
+        passes_w1 = passes(metrics_port)
+        waiting_passes = sum(passes_w1.values()) - sum(passes_w0.values())
+
+        # -- a waiting task's first heartbeat stored → Running
+        leaves = []
+        for name in waiting[:samples]:
+            with daemons.lock:
+                daemons.tasks[name] = uids[name]
+            daemons.send(name)
+            stored = wait_for(f"{name}'s first heartbeat stored", 30,
+                              partial(ledger.get_activity, NAMESPACE, name))  # fmt: skip
+            assert stored.received_at is not None
+            while True:  # each GET's midpoint: when it saw what it answers
+                asked = time.time()
+                if phase_of(custom, name) == "Running":
+                    leaves.append((asked + time.time()) / 2 - stored.received_at.timestamp())
+                    break
+                if asked - stored.received_at.timestamp() > 60:
+                    raise TimeoutError(f"{name}: not Running 60 s after its first heartbeat")
+                time.sleep(POLL_SECS)
+
+        # -- the ledger down under the fleet
+        outage_secs = QUICK_OUTAGE_SECS if quick else OUTAGE_SECS
+        lines0 = lines_of(root / "operator.log")
+        calls0 = counter(metrics_port, "caliban_drain_operator_api_calls")
+        failed0 = counter(metrics_port, "caliban_drain_operator_pass_failures")
+        set_connections(url, False)
+        try:
+            outage_cpu, outage_window = cpu_over(operator.pid, outage_secs)
+            outage_lines = lines_of(root / "operator.log") - lines0
+            outage_calls = counter(metrics_port, "caliban_drain_operator_api_calls") - calls0
+            outage_failures = (
+                counter(metrics_port, "caliban_drain_operator_pass_failures") - failed0
+            )
+        finally:
+            set_connections(url, True)
     finally:
         daemons.stopping.set()
         for proc_ in (operator, worker, api):
@@ -326,6 +434,7 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         ledger.dispose()
 
     rss_mb = max(rss) / 1024**2
+    tasks_in_outage = n - 2 * samples + len(waiting)
     table = [
         ("CalibanTasks (Running, each with a stand-in daemon's heartbeats)", str(n)),
         ("created through the API (8 threads)", f"{created_secs:.1f} s"),
@@ -339,6 +448,22 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
             " / ".join(f"{at_rest[c]:.0f}" for c in CAUSES),
         ),
     ]
+    table += [
+        (f"{len(waiting)} more tasks waiting for their daemon (Provisioning, no heartbeat): "
+         f"operator CPU over {waiting_window:.0f} s, with the fleet at rest",
+         f"{waiting_cpu * 100:.2f} % of one core"),
+        ("… of which the waiting tasks (over the fleet at rest alone)",
+         f"{(waiting_cpu - cpu) * 100:+.2f} %"),
+        ("operator passes in that window (all causes)", f"{waiting_passes:.0f}"),
+        ("a waiting task's first heartbeat stored → Running, median / p95 / max (ms)",
+         f"{ms(median(leaves))} / {ms(percentile(leaves, 0.95))} / {ms(max(leaves))}"),
+        (f"ledger refusing connections for {outage_window:.0f} s under {tasks_in_outage} "
+         "tasks: operator log lines per second", f"{outage_lines / outage_window:.2f}"),
+        ("… failed passes per second (each backing off 1 s doubling to 5 min)",
+         f"{outage_failures / outage_window:.2f}"),
+        ("… operator API calls per second", f"{outage_calls / outage_window:.2f}"),
+        ("… operator CPU", f"{outage_cpu * 100:.2f} % of one core"),
+    ]  # fmt: skip
     latencies = {"delete": (deletes, delete_floor), "wake": (wakes, wake_floor),
                  "idle deadline": (idles, None)}  # fmt: skip
     for kind, (values, floor) in latencies.items():
@@ -352,6 +477,14 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         at_most("operator RSS", rss_mb, RSS_BUDGET_MB, " MB"),
         *(at_most(f"p95 {kind} → first action", percentile(v, 0.95) * 1000,
                   P95_BUDGET * 1000, " ms") for kind, (v, _) in latencies.items()),
+        at_most(f"operator CPU with {len(waiting)} tasks waiting (and the fleet at rest)",
+                waiting_cpu * 100, CPU_BUDGET * 100, " % of one core"),
+        at_most("p95 first heartbeat → Running", percentile(leaves, 0.95) * 1000,
+                LEAVE_BUDGET_SECS * 1000, " ms"),
+        Check("failing passes back off: fewer than one per task per minute over the outage",
+              outage_failures < tasks_in_outage * max(outage_window / 60.0, 1.0),
+              f"{outage_failures:.0f} failed passes of {tasks_in_outage} tasks in "
+              f"{outage_window:.0f} s", budget=False),
         Check("every cause acted on (one operation or phase each)",
               len(deletes) == len(wakes) == len(idles) == samples,
               f"{len(deletes)} deletes, {len(wakes)} wakes, {len(idles)} idle deadlines "
@@ -366,6 +499,10 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         f"{n} CalibanTasks with a stand-in daemon each (one `caliban.orchestrator.activity` "
         f"heartbeat per interval, as a daemon's consumer sends) and {len(held)} created "
         "suspended; nothing else runs.",
+        f"Then {len(waiting)} tasks created without a daemon (Provisioning, waiting for "
+        f"its heartbeat) over the fleet at rest; {samples} of them sent their first "
+        "heartbeat, one at a time; then the ledger's database refusing connections (and "
+        f"its connections ended) for {outage_secs:g} s.",
         f"At rest: {window:.0f} s with every task Running, "
         f"{QUICK_SETTLE_SECS if quick else SETTLE_SECS:g} s after the last "
         f"became so. Causes: {samples} of each kind, one at a time.",
@@ -375,6 +512,10 @@ def run(quick: bool, root: Path, redis_port: int, database_url: str | None) -> S
         "worker_cpu_at_rest": worker_cpu,
         "delete": deletes, "delete_floor": delete_floor, "wake": wakes,
         "wake_floor": wake_floor, "idle_deadline": idles,
+        "waiting": len(waiting), "cpu_waiting": waiting_cpu, "passes_waiting": waiting_passes,
+        "leave_provisioning": leaves, "outage_secs": outage_window,
+        "outage_log_lines": outage_lines, "outage_failed_passes": outage_failures,
+        "outage_api_calls": outage_calls, "outage_cpu": outage_cpu,
     }  # fmt: skip
     runs = [
         f"{kind}: [{', '.join(ms(v) for v in values)}] ms"

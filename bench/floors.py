@@ -41,10 +41,15 @@ import json, os, signal, sys
 directory, turns, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 messages = []
 for turn in range(1, turns + 1):
-    messages.append({"role": "user", "content": f"scripted prompt {turn}", "turn": turn})
-    messages.append({"role": "assistant", "content": f"reply {turn} (0123456789ab)", "turn": turn})
-session = {"version": 1, "agent_id": os.path.basename(directory), "turns": turns,
-           "messages": messages}
+    for role, text in (("user", f"scripted prompt {turn}"),
+                       ("assistant", f"reply {turn} (0123456789ab)")):
+        messages.append({"role": role, "content": [{"type": "text", "text": text}]})
+stamp = "2026-01-01T00:00:00.000000Z"
+session = {"name": os.path.basename(directory), "created_at": stamp, "updated_at": stamp,
+           "provider": "scripted", "model": "", "messages": messages,
+           "total_usage": {"input_tokens": 0, "output_tokens": 0}, "todos": [],
+           "plan_mode": False, "caliban_drain": {"version": 2,
+           "agent_id": os.path.basename(directory), "turns": turns}}
 def on_term(signum, frame):
     raw = json.dumps(session, separators=(",", ":")).encode()
     path = os.path.join(directory, name)

@@ -34,7 +34,7 @@ from orchestrator.devcluster.csi import special_files
 from orchestrator.ledger import Ledger
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION
 from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
-from worker_agent import layout
+from worker_agent import layout, transcript
 from worker_agent.children import descendants
 from worker_agent.session import load_session
 from worker_agent.testing import DaemonProcess, wait_until
@@ -58,8 +58,9 @@ def announced_in_order(directory: Path) -> bool:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("type") == "turn_complete":
-            turns.append(int(event["turn"]))
+        turn = transcript.completed_turn(event) if isinstance(event, dict) else None
+        if turn is not None:
+            turns.append(turn)
     return turns == list(range(1, len(turns) + 1))
 
 

@@ -13,9 +13,9 @@ For each N and repetition, on a fresh ``drainctl daemon``:
    is complete.
 
 Both end points are read from the agents' transcripts (the ``ts`` of the
-``turn_complete`` event each worker appends once its session is saved), not from
+``TurnEnd`` record each worker appends once its session is saved), not from
 polling, so the figures do not depend on how often the bench looks. Correctness: every
-resumed agent announces ``resumed`` from turn ``turns + 1`` of its ref, and its
+resumed agent marks ``resumed_from`` turn ``turns + 1`` of its ref, and its
 transcript announces turns 1…k once each, in order, with ``session.json`` holding k
 (nothing lost, nothing repeated).
 """
@@ -31,7 +31,7 @@ from typing import Any
 from bench.audit import Audit
 from bench.recovery import announced_in_order
 from bench.report import Check, Scenario, at_most, median, ms, ms_list, percentile
-from worker_agent import layout
+from worker_agent import layout, transcript
 from worker_agent.proto import ResumeRef
 from worker_agent.session import SessionError, load_session
 from worker_agent.testing import DaemonProcess, short_tmp, wait_until
@@ -74,8 +74,8 @@ def events(directory: Path) -> list[dict[str, Any]]:
 def completed_at(directory: Path, turn: int) -> float | None:
     """The wall-clock time the worker announced turn ``turn`` complete, if it has."""
     for event in events(directory):
-        if event.get("type") == "turn_complete" and event.get("turn") == turn:
-            return float(event["ts"])
+        if transcript.completed_turn(event) == turn:
+            return transcript.stamp(event)
     return None
 
 
@@ -87,9 +87,9 @@ def saved_turns(directory: Path) -> int:
 
 
 def announced(directory: Path, turn: int) -> bool:
-    """Whether the transcript holds ``turn_complete`` for ``turn``: a byte search, cheap
+    """Whether the transcript holds the ``TurnEnd`` of ``turn``: a byte search, cheap
     enough to poll a hundred transcripts while they are measured."""
-    needle = f'"type": "turn_complete", "turn": {turn},'.encode()
+    needle = f'{{"type":"TurnEnd","turn_index":{turn - 1},'.encode()
     try:
         return needle in layout.transcript_file(directory).read_bytes()
     except OSError:
@@ -108,7 +108,7 @@ def until_turn(dirs: dict[str, Path], turn: dict[str, int], started: float, what
     wait_until(reached, 300, what, interval=0.05)
     stamps = [completed_at(d, turn[agent]) for agent, d in dirs.items()]
     if any(s is None for s in stamps):
-        raise AssertionError(f"{what}: turn_complete found, then not parsed")
+        raise AssertionError(f"{what}: TurnEnd found, then not parsed")
     return max(s for s in stamps if s is not None) - started
 
 
@@ -157,7 +157,7 @@ def check_refs(
 def check_continued(n: int, refs: list[ResumeRef], dirs: dict[str, Path], checker: Checker) -> None:
     for ref in refs:
         directory = dirs[ref.id]
-        resumed = [e.get("from_turn") for e in events(directory) if e.get("type") == "resumed"]
+        resumed = [r for e in events(directory) if (r := transcript.resumed_from(e)) is not None]
         if resumed != [ref.turns + 1]:
             checker.problems.append(f"N={n} agent {ref.id}: resumed from {resumed}")
         elif not announced_in_order(directory):
@@ -222,7 +222,7 @@ def run(quick: bool) -> Scenario:
             "and sha256 as the expectation, as a checkpoint's resume sends them) one after "
             "another on one connection, timed from the first request until the last agent's "
             "turn `turns + 1` is complete.",
-            "Both end points are the `ts` of the `turn_complete` event in the agents' "
+            "Both end points are the `caliban_drain.ts` of the `TurnEnd` record in the agents' "
             "transcripts (written once the session is saved), not a polling time.",
             f"N in {sizes}; medians and p95 of {repeat} repetition(s).",
         ],

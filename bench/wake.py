@@ -15,7 +15,7 @@ Where the time goes is read from timestamps the system wrote, each taken against
 wake request: the resume operation's ``created_at`` in the ledger (the operator's first
 action, right after it unsuspends the Sandbox), the stand-in's ``sandbox_pod_started``
 log line, the daemon's ``daemon_ready`` and first and last ``agent_resumed`` lines in the
-pod's log, each worker's ``resumed`` event and ``turn_complete`` of turn ``turns + 1``
+pod's log, each worker's ``resumed_from`` record and ``TurnEnd`` of turn ``turns + 1``
 in its transcript, and the operation's ``finished_at``. Correctness: one resume
 operation per wake, every agent resumed from ``turns + 1`` of the checkpoint, and its
 transcript announcing turns 1…k once each (nothing lost, nothing repeated).
@@ -39,7 +39,7 @@ from bench.resume import completed_at, events
 from orchestrator.ledger import Ledger, OperationKind
 from orchestrator.operator.crd import GROUP, PLURAL, VERSION, WAKE_ANNOTATION, sandbox_name
 from orchestrator.testing import DevStackProcess, flushed_redis, fresh_ledger, pipeline_env
-from worker_agent import layout
+from worker_agent import layout, transcript
 from worker_agent.children import descendants
 from worker_agent.session import load_session
 from worker_agent.testing import wait_until
@@ -205,8 +205,10 @@ class Waker:
             if directory is None:
                 self.problems.append(f"agent {agent} of the checkpoint has no directory")
                 continue
-            froms = [(e.get("from_turn"), float(e["ts"])) for e in events(directory)
-                     if e.get("type") == "resumed" and float(e["ts"]) >= started]  # fmt: skip
+            froms = [(transcript.resumed_from(e), transcript.stamp(e) or 0.0)
+                     for e in events(directory)
+                     if transcript.resumed_from(e) is not None
+                     and (transcript.stamp(e) or 0.0) >= started]  # fmt: skip
             done = completed_at(directory, turns_at_pause + 1)
             if [f for f, _ in froms] != [turns_at_pause + 1] or done is None:
                 self.problems.append(f"agent {agent}: resumed {froms} after {turns_at_pause}")

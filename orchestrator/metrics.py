@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from orchestrator.ledger.models import OperationKind
 from orchestrator.ledger.repository import Finished, on_operation_finished
@@ -32,42 +32,79 @@ DRAIN_DURATION = Histogram(
     "Seconds from a drain's start to its end, by kind (delete-drain, pause, complete, drain) and "
     "outcome (recorded, failed, expired: its deadline passed, forced: superseded by a "
     "forced checkpoint).",
-    ["kind", "outcome"], buckets=daemon_metrics.DURATION_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    ["kind", "outcome"],
+    buckets=daemon_metrics.DURATION_BUCKETS,
+    registry=REGISTRY,
+)
 RESUME_DURATION = Histogram(
     "caliban_drain_resume_duration_seconds",
     "Seconds from a resume's or restore's start to its end, by kind and outcome "
     "(resumed, failed, expired).",
-    ["kind", "outcome"], buckets=daemon_metrics.DURATION_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    ["kind", "outcome"],
+    buckets=daemon_metrics.DURATION_BUCKETS,
+    registry=REGISTRY,
+)
 OPERATIONS = Counter(
     "caliban_drain_operations",
     "Operations finished, by kind and final state (recorded, forced, failed, resumed).",
-    ["kind", "state"], registry=REGISTRY,
-)  # fmt: skip
+    ["kind", "state"],
+    registry=REGISTRY,
+)
 CHECKPOINTS = Counter(
     "caliban_drain_checkpoints_recorded",
     "Checkpoints recorded in the ledger, by reason (delete, pause, completed, manual, forced).",
-    ["reason"], registry=REGISTRY,
-)  # fmt: skip
+    ["reason"],
+    registry=REGISTRY,
+)
 FORCED_DELETES = Counter(
     "caliban_drain_forced_deletes",
     "Deletions released with a forced checkpoint (no clean drain: drainTimeout passed, "
     "the drain failed, or no daemon was left to answer it).",
     registry=REGISTRY,
-)  # fmt: skip
+)
 OPERATOR_PASSES = Counter(
     "caliban_drain_operator_passes",
     "Passes the operator ran over a CalibanTask, by what woke its steward: start (its "
     "first), event (the object changed), ledger (a heartbeat that says something new, an "
-    "operation that moved), clock (a deadline, a follow-up of something on its way, the "
+    "operation that moved), snapshot (a checkpoint snapshot it speaks of or waits for became "
+    "ready or failed), clock (a deadline, a follow-up of something on its way, the "
     "resync). A fleet at rest adds nothing but its clock passes.",
-    ["cause"], registry=REGISTRY,
-)  # fmt: skip
+    ["cause"],
+    registry=REGISTRY,
+)
+OPERATOR_API_CALLS = Counter(
+    "caliban_drain_operator_api_calls",
+    "Kubernetes API calls the operator's own code made (kopf's watches and its finalizer "
+    "patches not counted): what a fleet's passes cost the API server.",
+    registry=REGISTRY,
+)
+OPERATOR_PASS_FAILURES = Counter(
+    "caliban_drain_operator_pass_failures",
+    "Passes over a CalibanTask that failed (the ledger or the API unreachable, a refusal); "
+    "each is retried after a backoff of 1 s doubling to 5 min.",
+    registry=REGISTRY,
+)
+SNAPSHOTS_UNSETTLED = Gauge(
+    "caliban_drain_snapshots_unsettled",
+    "Checkpoint snapshots asked for and neither ready nor failed (cut or not), as the "
+    "operator's snapshot follower last read the ledger.",
+    registry=REGISTRY,
+)
+SNAPSHOTS_SETTLED = Counter(
+    "caliban_drain_snapshots_settled",
+    "Checkpoint snapshots the operator recorded ready or failed, by outcome (ready, failed) "
+    "and by who saw it (pass: a pause or deletion waiting for its cut; follower: the "
+    "snapshot follower, after the cut).",
+    ["outcome", "by"],
+    registry=REGISTRY,
+)
 QUEUE_WAIT = Histogram(
-    daemon_metrics.QUEUE_WAIT_NAME, daemon_metrics.QUEUE_WAIT_HELP, ["task"],
-    buckets=daemon_metrics.QUEUE_WAIT_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    daemon_metrics.QUEUE_WAIT_NAME,
+    daemon_metrics.QUEUE_WAIT_HELP,
+    ["task"],
+    buckets=daemon_metrics.QUEUE_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
 
 
 def outcome(finished: Finished) -> str:

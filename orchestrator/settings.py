@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from worker_agent.contract import BrokerSettings
 
@@ -66,6 +66,16 @@ class Settings(BrokerSettings):
     and resumes it as ``--manage-sandbox`` does, reads its workspace PVC from it, and
     never creates a Sandbox, a PVC or the pod's other children. Implies
     ``manage_sandbox``."""
+    workspace_status: Literal["auto", "on", "off"] = "auto"
+    """Whether the operator writes each Workspace's status (``DRAIN_WORKSPACE_STATUS``):
+    ``phase`` Ready or Failed, ``message``, ``observedGeneration`` and a ``Ready``
+    condition, as caliban-operator's Workspace controller does, from this operator's own
+    validation (docs/operator.md, "Workspaces"). ``on``: always; ``off``: never (it only
+    reads Workspaces); ``auto`` (the default): when this operator builds tasks' pods from
+    their Workspaces, that is with ``--manage-sandbox`` and without
+    ``--existing-sandboxes``. Without those another controller (caliban-operator)
+    provisions the tasks, and its own Workspace controller writes that status, so two
+    writers never disagree over one field."""
     peering: str | None = None
     """The kopf peering object the operator's replicas share (``drainctl operator
     --peering``): a ClusterKopfPeering for a clusterwide operator, a KopfPeering in each
@@ -80,6 +90,11 @@ class Settings(BrokerSettings):
     replica wins (``operator.peering.startup_priority``)."""
     daemon_image: str = "ghcr.io/caliban-ai/caliban-drain:latest"
     """The image of the daemon container in provisioned Sandboxes."""
+    allowed_images: Annotated[tuple[str, ...], NoDecode] = ()
+    """The images a task's ``spec.task.image`` may name besides ``daemon_image``
+    (``DRAIN_ALLOWED_IMAGES``, comma-separated, each exact); empty: only
+    ``daemon_image``. A task naming another fails (``SpecValid=False``) before anything
+    runs: an image is code that runs with the workspace and the broker credential."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
     daemon_broker_secret: str = "caliban-drain-broker"  # noqa: S105 - a Secret's name
@@ -92,9 +107,17 @@ class Settings(BrokerSettings):
     snapshot_class: str | None = None
     """The VolumeSnapshotClass to use (``DRAIN_SNAPSHOT_CLASS``); unset: the class of the
     workspace StorageClass's CSI driver, the default one if several."""
-    snapshot_ready_timeout_secs: float = Field(default=300.0, gt=0)
-    """How long a checkpoint's snapshot may take to become ``readyToUse`` before the
-    operator gives up on it (a Warning, ``Snapshotted=False``) and releases the pod."""
+    snapshot_cut_timeout_secs: float = Field(default=300.0, gt=0)
+    """How long after its checkpoint a snapshot may take to be cut (``creationTime`` set,
+    bound to its content: its point in time fixed) before the operator gives up on it (a
+    Warning, ``Snapshotted=False``): a pause or a deletion waits this long at most."""
+    snapshot_ready_timeout_secs: float = Field(default=3600.0, gt=0)
+    """How long after its checkpoint a cut snapshot may take to become ``readyToUse``
+    (its data uploaded) before the operator records it failed. Nothing is held while it
+    uploads but a restore of that checkpoint, which waits for it."""
+    snapshot_follow_interval_secs: float = Field(default=5.0, gt=0)
+    """How often the operator looks at the snapshots that are cut and not ready yet (one
+    ledger read, then one list per namespace that has any)."""
 
     metrics_port: int = Field(default=9100, ge=0, le=65535)
     """The operator's ``/metrics`` (``DRAIN_METRICS_PORT``); 0 serves none."""
@@ -140,11 +163,44 @@ class Settings(BrokerSettings):
             return "2 * DRAIN_BROKER_HEARTBEAT_SECS"
         return "DRAIN_VISIBILITY_TIMEOUT_SECS + DRAIN_UNACKED_RESTORE_INTERVAL_SECS"
 
+    @field_validator("allowed_images", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(image.strip() for image in value.split(",") if image.strip())
+        return value
+
+    @property
+    def writes_workspace_status(self) -> bool:
+        """``workspace_status`` decided: ``auto`` is on where this operator provisions."""
+        if self.workspace_status == "auto":
+            return self.manage_sandbox and not self.existing_sandboxes
+        return self.workspace_status == "on"
+
+    @property
+    def runnable_images(self) -> tuple[str, ...]:
+        """The images a task may run: ``daemon_image``, then ``allowed_images``."""
+        return (self.daemon_image, *self.allowed_images)
+
     @model_validator(mode="after")
     def _existing_sandboxes_are_managed(self) -> Self:
         """Operating on Sandboxes another controller made is managing them, less making."""
         if self.existing_sandboxes:
             self.manage_sandbox = True
+        return self
+
+    @model_validator(mode="after")
+    def _a_snapshot_is_cut_before_it_is_ready(self) -> Self:
+        """Both snapshot deadlines count from the checkpoint, and a snapshot is ready only
+        after it is cut: a ready deadline before the cut's would fail snapshots a pause
+        or a deletion is still allowed to wait for."""
+        if self.snapshot_ready_timeout_secs < self.snapshot_cut_timeout_secs:
+            raise ValueError(
+                f"DRAIN_SNAPSHOT_READY_TIMEOUT_SECS ({self.snapshot_ready_timeout_secs:g} s) "
+                f"must be at least DRAIN_SNAPSHOT_CUT_TIMEOUT_SECS "
+                f"({self.snapshot_cut_timeout_secs:g} s): both count from the checkpoint, "
+                "and a snapshot becomes ready only after it is cut"
+            )
         return self
 
     @model_validator(mode="after")

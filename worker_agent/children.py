@@ -94,14 +94,20 @@ class KeptProcess:
     async def _spawn(self) -> asyncio.subprocess.Process:
         if self.log_path is None:
             return await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, start_new_session=True,
+                *self.argv,
+                env=self.env,
+                start_new_session=True,
                 preexec_fn=dying_with_this_process(),
-            )  # fmt: skip
+            )
         with self.log_path.open("ab") as out:
             return await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=dying_with_this_process(),
-            )  # fmt: skip
+                *self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=dying_with_this_process(),
+            )
 
     async def _keep_running(self) -> None:
         backoff = 1.0

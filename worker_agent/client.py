@@ -1,7 +1,10 @@
 """A blocking client of the control protocol, for ``drainctl agents`` and the Celery tasks.
 
 It speaks raw lines (``call_raw``) for tests of malformed input, and typed requests
-(``call``) for everything else, over the Unix socket or TLS with a bearer token.
+(``call``) for everything else, over the Unix socket or over TCP with TLS, where it
+authenticates as upstream's ``transport.rs`` does: one ``{"bearer": TOKEN}`` line right
+after the handshake, then the protocol. It parses upstream caliband's replies as well as
+ours, so the same client drives either.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ class SupervisorClient:
     ) -> None:
         if (socket_path is None) == (address is None):
             raise ValueError("give exactly one of socket_path or address")
-        self._token = token
         raw: socket.socket
         if socket_path is not None:
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -56,6 +58,9 @@ class SupervisorClient:
             raw = socket.create_connection(address, timeout=timeout)
             self._sock = context.wrap_socket(raw, server_hostname=server_hostname or address[0])
         self._file = self._sock.makefile("rwb")
+        if address is not None and token is not None:
+            self._file.write(json.dumps({"bearer": token}).encode() + b"\n")
+            self._file.flush()
 
     def __enter__(self) -> Self:
         return self
@@ -82,8 +87,6 @@ class SupervisorClient:
     def call(self, kind: str, **fields: Any) -> proto.Reply:
         """Send a request; return the reply, or raise ``ControlError`` for an error reply."""
         message: dict[str, Any] = {"kind": kind, **fields}
-        if self._token is not None:
-            message["token"] = self._token
         reply = proto.parse_reply(json.dumps(self.call_raw(json.dumps(message).encode())))
         if isinstance(reply, proto.ErrorReply):
             raise ControlError(reply.error)
@@ -97,18 +100,20 @@ class SupervisorClient:
         return reply.agents
 
     def spawn(self, **spec: Any) -> proto.Spawned:
-        reply = self.call("spawn", spec=spec)
+        """Start an agent; a field given as None is left out (the worker's default: an
+        upstream spec has no null ``initial_prompt``)."""
+        reply = self.call("spawn", spec={k: v for k, v in spec.items() if v is not None})
         assert isinstance(reply, proto.Spawned)
         return reply
 
     def drain(self, grace_secs: float) -> list[proto.ResumeRef]:
-        reply = self.call("drain", grace_secs=grace_secs)
+        reply = self.call("drain", grace=_duration(grace_secs))
         assert isinstance(reply, proto.Drained)
         return reply.agents
 
     def retire(self, keep: int, grace_secs: float) -> list[proto.ResumeRef]:
         """Scale down to ``keep`` agents; the refs of the agents retired."""
-        reply = self.call("retire", keep=keep, grace_secs=grace_secs)
+        reply = self.call("retire", keep=keep, grace=_duration(grace_secs))
         assert isinstance(reply, proto.Retired)
         return reply.agents
 
@@ -125,8 +130,12 @@ class SupervisorClient:
         recorded (otherwise ``ControlError`` ``invalid_state`` saying how it differs);
         with ``provider``/``model``, continuing with those from now on."""
         fields: dict[str, object] = {"session_dir": session_dir}
-        optional = {"expect_turns": expect_turns, "expect_sha256": expect_sha256,
-                    "provider": provider, "model": model}  # fmt: skip
+        optional = {
+            "expect_turns": expect_turns,
+            "expect_sha256": expect_sha256,
+            "provider": provider,
+            "model": model,
+        }
         fields.update({k: v for k, v in optional.items() if v is not None})
         reply = self.call("resume", **fields)
         assert isinstance(reply, proto.Resumed)
@@ -137,8 +146,8 @@ class SupervisorClient:
         assert isinstance(reply, proto.StatusReply)
         return reply
 
-    def attach(self, agent_id: str) -> str:
-        """The live agent's attach endpoint (``unix:PATH``)."""
+    def attach(self, agent_id: str) -> proto.UnixEndpoint | proto.TcpEndpoint:
+        """The live agent's attach endpoint."""
         reply = self.call("attach", id=agent_id)
         assert isinstance(reply, proto.AttachAck)
         return reply.endpoint
@@ -153,12 +162,14 @@ class PromptRefused(Exception):
     """The agent's attach endpoint did not accept a prompt; the message says why."""
 
 
-def send_prompt(endpoint: str, text: str, *, timeout: float | None = 60.0) -> int:
-    """Send one ``{"kind": "prompt"}`` line to an agent's attach endpoint (``unix:PATH``,
+def send_prompt(
+    endpoint: proto.UnixEndpoint | proto.TcpEndpoint, text: str, *, timeout: float | None = 60.0
+) -> int:
+    """Send one ``{"kind": "prompt"}`` line to an agent's attach endpoint (a Unix socket,
     the reference worker's protocol: docs/daemon.md); the prompts now queued."""
-    scheme, _, path = endpoint.partition(":")
-    if scheme != "unix" or not path:
-        raise PromptRefused(f"attach endpoint {endpoint!r} is not unix:PATH")
+    if not isinstance(endpoint, proto.UnixEndpoint):
+        raise PromptRefused(f"attach endpoint {endpoint} is not a Unix socket")
+    path = endpoint.path
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
         raw.settimeout(timeout)
         try:
@@ -178,3 +189,8 @@ def send_prompt(endpoint: str, text: str, *, timeout: float | None = 60.0) -> in
         error = reply.get("error") if isinstance(reply, dict) else reply
         raise PromptRefused(f"the agent refused the prompt: {error}")
     return int(reply.get("queued", 0))
+
+
+def _duration(seconds: float) -> dict[str, int]:
+    """A grace as the serde ``Duration`` the protocol carries; a bad one is refused here."""
+    return proto.Duration.of(seconds).model_dump()

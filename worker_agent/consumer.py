@@ -93,24 +93,34 @@ app = make_celery(settings)
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Where the local supervisor is and which task this pod serves (from the environment
-    the daemon sets for its consumer child)."""
+    """Where the supervisor is and which task this pod serves (from the environment the
+    daemon sets for its consumer child, or ``main``'s options): its Unix socket, or a
+    caliband's TCP+TLS listener (``connect``) with a bearer token and a CA."""
 
-    socket: Path
+    socket: Path | None
     store: Path
     namespace: str
     name: str
     task_uid: str | None
+    connect: tuple[str, int] | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
 
     @classmethod
     def from_env(cls) -> ConsumerConfig:
         namespace, name = parse_daemon_queue(os.environ["DRAIN_CONSUMER_QUEUE"])
+        connect = os.environ.get("DRAIN_CONSUMER_CONNECT")
+        token_file = os.environ.get("DRAIN_CONSUMER_TOKEN_FILE")
+        ca_file = os.environ.get("DRAIN_CONSUMER_CA_FILE")
         return cls(
-            socket=Path(os.environ["DRAIN_DAEMON_SOCKET"]),
+            socket=None if connect else Path(os.environ["DRAIN_DAEMON_SOCKET"]),
             store=Path(os.environ["DRAIN_DAEMON_STORE"]),
             namespace=namespace,
             name=name,
             task_uid=os.environ.get("DRAIN_TASK_UID") or None,
+            connect=host_port(connect) if connect else None,
+            token_file=Path(token_file) if token_file else None,
+            ca_file=Path(ca_file) if ca_file else None,
         )
 
     def refusal(self, message_uid: str | None) -> str | None:
@@ -118,15 +128,34 @@ class ConsumerConfig:
         return refusal(message_uid, self.task_uid, f"{self.namespace}/{self.name}")
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets), or ``ValueError`` saying what is wrong."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port from 1 to 65535")
+    return host, int(port)
+
+
 def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
-    return SupervisorClient(socket_path=config.socket, timeout=timeout)
+    if config.connect is None:
+        return SupervisorClient(socket_path=config.socket, timeout=timeout)
+    token = config.token_file.read_text().strip() if config.token_file else None
+    return SupervisorClient(
+        address=config.connect, token=token, cafile=config.ca_file, timeout=timeout
+    )
 
 
 @app.task(name=DAEMON_DRAIN, bind=True, max_retries=SUPERVISOR_RETRIES)
 def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     """Drain every agent of this pod; answer the refs (the same ones on redelivery)."""
-    return _drain_refs(self, payload, DrainRequest, "drain",
-                       lambda client, request: client.drain(request.grace_secs))  # fmt: skip
+    return _drain_refs(
+        self,
+        payload,
+        DrainRequest,
+        "drain",
+        lambda client, request: client.drain(request.grace_secs),
+    )
 
 
 @app.task(name=DAEMON_SCALE_DOWN, bind=True, max_retries=SUPERVISOR_RETRIES)
@@ -134,9 +163,12 @@ def scale_down(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     """Keep the task's ``agents`` oldest agents and drain the rest into retirement; answer
     the retired agents' refs (the same ones on redelivery), for their checkpoint."""
     return _drain_refs(
-        self, payload, ScaleDownRequest, "scale_down",
+        self,
+        payload,
+        ScaleDownRequest,
+        "scale_down",
         lambda client, request: client.retire(request.agents, request.grace_secs),
-    )  # fmt: skip
+    )
 
 
 _Drains = TypeVar("_Drains", DrainRequest, ScaleDownRequest)
@@ -180,23 +212,36 @@ def _drain_refs(
             raise task.retry(countdown=1 + task.request.retries, exc=exc) from None
         return _drain_result(config, request.op_id, f"supervisor unreachable: {exc}")
     result = DrainResult(
-        op_id=request.op_id, namespace=config.namespace, name=config.name, refs=refs,
-        error=None, task_uid=config.task_uid,
-    )  # fmt: skip
+        op_id=request.op_id,
+        namespace=config.namespace,
+        name=config.name,
+        refs=refs,
+        error=None,
+        task_uid=config.task_uid,
+    )
     journal.put(request.op_id, what, result)
     log.info(
-        "%s_done op=%s task=%s/%s agents=%d unclean=%d", what,
-        request.op_id, config.namespace, config.name, len(refs), sum(not r.clean for r in refs),
-    )  # fmt: skip
+        "%s_done op=%s task=%s/%s agents=%d unclean=%d",
+        what,
+        request.op_id,
+        config.namespace,
+        config.name,
+        len(refs),
+        sum(not r.clean for r in refs),
+    )
     return result.model_dump(mode="json")
 
 
 def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
     """A drain that did not happen: no refs, and the reason."""
     return DrainResult(
-        op_id=op_id, namespace=config.namespace, name=config.name, refs=[], error=error,
+        op_id=op_id,
+        namespace=config.namespace,
+        name=config.name,
+        refs=[],
+        error=error,
         task_uid=config.task_uid,
-    ).model_dump(mode="json")  # fmt: skip
+    ).model_dump(mode="json")
 
 
 @app.task(name=DAEMON_RESUME, bind=True, max_retries=SUPERVISOR_RETRIES)
@@ -266,9 +311,12 @@ def _bring_agents(
     result = ResumeResult(op_id=request.op_id, results=results, error=None)
     journal.put(request.op_id, what, result)
     log.info(
-        "%s_done op=%s ok=%d failed=%d", what,
-        request.op_id, sum(r.ok for r in results), sum(not r.ok for r in results),
-    )  # fmt: skip
+        "%s_done op=%s ok=%d failed=%d",
+        what,
+        request.op_id,
+        sum(r.ok for r in results),
+        sum(not r.ok for r in results),
+    )
     return result.model_dump(mode="json")
 
 
@@ -375,8 +423,9 @@ def _not_this_checkpoint(store_root: Path, agents: list[ResumeAgent]) -> str | N
             problems.append(f"{agent.id}: {exc.message}")
             if lost := metrics.lost_turns(agent.turns, held.turns):
                 metrics.DAEMON_LOST_TURNS.inc(lost)
-                log.error("lost_turns agent=%s recorded=%s found=%d", agent.id, agent.turns,
-                          held.turns)  # fmt: skip
+                log.error(
+                    "lost_turns agent=%s recorded=%s found=%d", agent.id, agent.turns, held.turns
+                )
     if not problems:
         return None
     return f"{CHECKPOINT_MISMATCH}; no agent was resumed: {'; '.join(problems)}"
@@ -391,8 +440,9 @@ def _hand_back(op_id: str) -> None:
     once it is (``request_stop``, or its death with the daemon), it takes no more."""
     log.warning(
         "resume_handed_back op=%s reason=%s: the next pod's consumer takes it",
-        op_id, DAEMON_STOPPING,
-    )  # fmt: skip
+        op_id,
+        DAEMON_STOPPING,
+    )
     time.sleep(HAND_BACK_PAUSE_SECS)
     raise Reject(DAEMON_STOPPING, requeue=True)
 
@@ -709,12 +759,35 @@ def resume_outcome(answer: object) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m worker_agent.consumer")
     parser.add_argument("--queue", required=True, help="caliband.<namespace>.<name>")
-    parser.add_argument("--socket", required=True, type=Path)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", type=Path, help="the daemon's Unix control socket")
+    where.add_argument(
+        "--connect", metavar="HOST:PORT", help="a daemon's (or caliband's) TLS listener"
+    )
+    parser.add_argument("--token-file", type=Path, help="bearer token for --connect")
+    parser.add_argument("--ca-file", type=Path, help="CA that signed --connect's certificate")
     parser.add_argument("--store", required=True, type=Path)
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
+    if args.connect is not None:
+        try:
+            host_port(args.connect)
+        except ValueError as exc:
+            parser.error(f"--connect {exc}")
+        if args.token_file is None:
+            parser.error("--connect needs --token-file: the listener takes a bearer token")
+        try:
+            if not args.token_file.read_text().strip():
+                parser.error(f"--token-file {args.token_file} is empty")
+        except OSError as exc:
+            parser.error(f"--token-file {args.token_file}: {exc.strerror}")
+        os.environ["DRAIN_CONSUMER_CONNECT"] = args.connect
+        os.environ["DRAIN_CONSUMER_TOKEN_FILE"] = str(args.token_file)
+        if args.ca_file is not None:
+            os.environ["DRAIN_CONSUMER_CA_FILE"] = str(args.ca_file)
+    else:
+        os.environ["DRAIN_DAEMON_SOCKET"] = str(args.socket)
     os.environ["DRAIN_CONSUMER_QUEUE"] = args.queue
-    os.environ["DRAIN_DAEMON_SOCKET"] = str(args.socket)
     os.environ["DRAIN_DAEMON_STORE"] = str(args.store)
     # The same lines as drainctl's own processes (DRAIN_LOG_FORMAT), each naming the
     # task this pod serves, and a drain's or resume's operation id while it runs.

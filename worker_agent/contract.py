@@ -13,9 +13,8 @@ This module imports only Celery, pydantic and ``worker_agent.proto``; it must ne
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from celery import Celery
 from pydantic import (
@@ -30,6 +29,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker_agent.k8s_names import is_dns_label, is_dns_subdomain
 from worker_agent.proto import ResumeRef
 
 # ------------------------------------------------------------------ queues and names
@@ -51,9 +51,6 @@ OP_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """An operation id as it may appear in a task id and a journal file name (the ledger's
 are uuid4s)."""
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-
 
 class TaskNameError(ValueError):
     """A namespace/name pair that cannot name a Kubernetes object or a queue."""
@@ -69,9 +66,9 @@ def parse_task_ref(ref: str) -> tuple[str, str]:
 
 
 def check_task_name(namespace: str, name: str) -> None:
-    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+    if not is_dns_label(namespace):
         raise TaskNameError(f"namespace {namespace!r} is not a DNS-1123 label")
-    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if not is_dns_subdomain(name):
         raise TaskNameError(f"name {name!r} is not a DNS-1123 subdomain")
 
 
@@ -223,8 +220,8 @@ def _transport_options(settings: BrokerSettings, url: str) -> dict[str, object]:
     return {}
 
 
-def make_celery(settings: BrokerSettings) -> Celery:
-    """A Celery app configured as docs/pipeline.md says, for either half.
+def celery_config(settings: BrokerSettings) -> dict[str, Any]:
+    """The Celery configuration docs/pipeline.md describes, for either half.
 
     JSON only, acks late, reject on worker lost, prefetch 1, task events on, redelivery
     of a dead consumer's messages (Redis: the visibility timeout; RabbitMQ: when its
@@ -232,8 +229,9 @@ def make_celery(settings: BrokerSettings) -> Celery:
     ``caliban.orchestrator.*`` routed to the orchestrator queue.
     """
     backend = settings.backend()
-    app = Celery("caliban-drain", broker=settings.broker_url, backend=backend)
-    app.conf.update(
+    return dict(
+        broker_url=settings.broker_url,
+        result_backend=backend,
         task_serializer="json",
         result_serializer="json",
         event_serializer="json",
@@ -266,12 +264,22 @@ def make_celery(settings: BrokerSettings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         enable_utc=True,
     )
+
+
+def stamp_messages() -> None:
+    """Every message this process publishes carries its sent time, for the queue wait."""
     from celery.signals import before_task_publish
 
     from worker_agent.metrics import stamp_sent_at
 
-    # Every message either half publishes carries its sent time, for the queue wait.
     before_task_publish.connect(stamp_sent_at, weak=False)
+
+
+def make_celery(settings: BrokerSettings) -> Celery:
+    """A Celery app configured from ``settings`` (``celery_config``)."""
+    app = Celery("caliban-drain")
+    app.conf.update(celery_config(settings))
+    stamp_messages()
     return app
 
 

@@ -34,6 +34,8 @@ DRAIN_DEADLINE_FILE = "drain_deadline"
 DAEMON_LOCK_FILE = "daemon.lock"
 """Under ``run/``: held exclusively (``flock``) by the one daemon that serves the store."""
 DEFAULT_SOCKET_FILE = "caliband.sock"
+AGENT_SOCKET_FILE = "agent.sock"
+"""In an agent's directory: the socket its worker binds, its attach endpoint."""
 OPS_DIR = "ops"
 
 

@@ -107,8 +107,9 @@ def current_context(record: logging.LogRecord | None = None) -> dict[str, str]:
     found = dict(_process)
     ref = getattr(record, "k8s_ref", None)
     if isinstance(ref, Mapping):
-        found |= _fields({"namespace": ref.get("namespace"), "name": ref.get("name"),
-                          "task_uid": ref.get("uid")})  # fmt: skip
+        found |= _fields(
+            {"namespace": ref.get("namespace"), "name": ref.get("name"), "task_uid": ref.get("uid")}
+        )
     return found | dict(_context.get())
 
 
@@ -207,8 +208,9 @@ def task_log_fields(args: object, kwargs: object) -> dict[str, str]:
 _task_tokens: dict[str, Token[Mapping[str, str]]] = {}
 
 
-def _task_started(task_id: str | None = None, args: object = (), kwargs: object = None,
-                  **_: object) -> None:  # fmt: skip
+def _task_started(
+    task_id: str | None = None, args: object = (), kwargs: object = None, **_: object
+) -> None:
     token = _context.set({**_context.get(), **task_log_fields(args, kwargs)})
     if task_id is not None:
         _task_tokens[task_id] = token

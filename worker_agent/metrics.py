@@ -75,8 +75,10 @@ DAEMON_RESUME_DURATION = Histogram(
     "caliban_drain_daemon_resume_duration_seconds",
     "Seconds the daemon's consumer took to resume a checkpoint's agents, by outcome "
     "(ok: every agent back; partial; failed; refused: the workspace is not the checkpoint's).",
-    ["outcome"], buckets=DURATION_BUCKETS, registry=CONSUMER,
-)  # fmt: skip
+    ["outcome"],
+    buckets=DURATION_BUCKETS,
+    registry=CONSUMER,
+)
 DAEMON_LOST_TURNS = Counter(LOST_TURNS_NAME, LOST_TURNS_HELP, registry=CONSUMER)
 
 

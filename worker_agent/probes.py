@@ -59,10 +59,12 @@ class DaemonProbes:
         )
         self._ticker = asyncio.get_running_loop().create_task(self._tick())
         self.server = metrics.serve(
-            self.settings.metrics_host, self.settings.metrics_port,
+            self.settings.metrics_host,
+            self.settings.metrics_port,
             metrics.daemon_registry(self.dir),
-            {"/healthz": self.healthz, "/readyz": self.readyz}, "daemon",
-        )  # fmt: skip
+            {"/healthz": self.healthz, "/readyz": self.readyz},
+            "daemon",
+        )
 
     def watch_consumer(self, consumer: KeptProcess) -> None:
         """Hand ``consumer`` (not started yet) the metrics dir; readiness waits for it."""

@@ -1,22 +1,39 @@
 """Wire types of the supervisor's NDJSON control protocol, and nothing else.
 
 One request object per line, one reply per request, tagged by ``"kind"`` in snake_case.
-The verbs and field names are those of caliban's supervisor protocol, so a caliban
-client speaks to this daemon; ``drain`` and ``resume`` are this project's additions.
-``registry`` holds live state, ``store`` the on-disk layout, ``server`` the accept loop.
-
-Requests are strict (a mistyped or unknown field is an error naming it); the spawn spec
-ignores fields it does not know, so a richer caliban ``SpawnSpec`` still spawns.
+The messages are upstream caliban's (``caliban-supervisor``'s ``CtlRequest``,
+``CtlReply``, ``SupervisorError``, ``AgentRecord``, ``DaemonStatus``, ``SpawnSpec`` and the
+transport's ``Endpoint``) exactly as serde writes them, proved against vectors produced
+by upstream's own types (``tests/fixtures/caliban-wire``). Unknown fields are ignored, as
+serde does, so a caliban client's requests and a caliband's replies parse here and ours
+parse there. ``drain``, ``retire`` and ``resume``, the ``drained``/``retired``/``resumed``
+replies and the ``draining``/``drained`` statuses are this project's additions, shaped as
+proposed for upstream (#650/#651): a serde ``Duration`` grace, resume through
+``SpawnSpec.resume_session`` or ``resume``. Fields of ours that upstream does not have
+(``turns``, ``created_at``, ``message`` on every error…) ride along as extras upstream
+ignores. ``registry`` holds live state, ``store`` the on-disk layout, ``server`` the
+accept loop.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from worker_agent.layout import AGENT_SOCKET_FILE
 
 MAX_LINE_BYTES = 1024 * 1024
 """The longest request line the daemon reads; a longer one is refused and skipped."""
@@ -64,55 +81,151 @@ _INTERRUPTED = frozenset({AgentStatus.DRAINED, AgentStatus.CRASHED, AgentStatus.
 
 
 class ErrorKind(StrEnum):
+    """Why a request was refused. Only ``WIRE_ERROR_KINDS`` go on the wire (upstream's
+    ``SupervisorError`` has no others): a malformed request is answered ``internal``
+    with ``"bad request: …"``, as caliband answers it."""
+
     NOT_FOUND = "not_found"
     INVALID_STATE = "invalid_state"
     BAD_REQUEST = "bad_request"
-    UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"
 
 
+WIRE_ERROR_KINDS: Final = ("not_found", "invalid_state", "internal")
+
 DAEMON_STOPPING: Final = "the daemon is stopping"
-"""How an ``invalid_state`` error ends when the daemon refuses a spawn or resume because
-it is shutting down (its pod is going). Nothing is wrong with the request: another
-daemon on the same store (the next pod) will serve it, so the consumer hands it back to
-the queue instead of answering (``worker_agent.consumer``)."""
+"""How an error message ends when the daemon refuses a spawn or resume because it is
+shutting down (its pod is going). Nothing is wrong with the request: another daemon on
+the same store (the next pod) will serve it, so the consumer hands it back to the queue
+instead of answering (``worker_agent.consumer``)."""
 
 
 def says_daemon_stopping(kind: str, message: str) -> bool:
-    """Whether an error reply is a stopping daemon's refusal (``DAEMON_STOPPING``)."""
-    return kind == ErrorKind.INVALID_STATE and message.endswith(DAEMON_STOPPING)
+    """Whether an error reply is a stopping daemon's refusal (``DAEMON_STOPPING``). Such
+    a refusal names no agent, so it travels as ``internal``; ``invalid_state`` is read
+    the same way for daemons of earlier releases."""
+    return kind in (ErrorKind.INTERNAL, ErrorKind.INVALID_STATE) and message.endswith(
+        DAEMON_STOPPING
+    )
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class SpawnSpec(BaseModel):
-    """How to start an agent. Unknown fields are ignored for forward compatibility."""
+    """A message of the protocol: typed strictly, unknown fields ignored (as serde)."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
-    name: str | None = None
-    initial_prompt: str | None = None
-    provider: str = "scripted"
+
+# --------------------------------------------------------------------------- values
+
+
+class UnixEndpoint(_Wire):
+    scheme: Literal["unix"] = "unix"
+    path: str
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}"
+
+
+class TcpEndpoint(_Wire):
+    scheme: Literal["tcp"] = "tcp"
+    addr: str
+
+    def __str__(self) -> str:
+        return f"tcp:{self.addr}"
+
+
+Endpoint = Annotated[UnixEndpoint | TcpEndpoint, Field(discriminator="scheme")]
+"""Where to connect: upstream's ``Endpoint``, ``{"scheme": "unix", "path": …}`` or
+``{"scheme": "tcp", "addr": "host:port"}``. ``str()`` gives ``unix:PATH`` for logs."""
+
+
+class Duration(_Wire):
+    """A serde ``std::time::Duration``: ``{"secs": 5, "nanos": 0}``."""
+
+    secs: int = Field(ge=0, le=int(MAX_GRACE_SECS))
+    nanos: int = Field(default=0, ge=0, lt=1_000_000_000)
+
+    @model_validator(mode="after")
+    def _at_most_the_maximum(self) -> Duration:
+        if self.seconds > MAX_GRACE_SECS:
+            raise ValueError(f"at most {MAX_GRACE_SECS:.0f} seconds")
+        return self
+
+    @property
+    def seconds(self) -> float:
+        return self.secs + self.nanos / 1e9
+
+    @classmethod
+    def of(cls, seconds: float) -> Duration:
+        whole = int(seconds)
+        return cls(secs=whole, nanos=round((seconds - whole) * 1e9) % 1_000_000_000)
+
+
+DEFAULT_GRACE: Final = Duration(secs=30)
+
+
+def rfc3339(unix: float) -> str:
+    """``2026-12-06T17:32:58.123456+00:00``, as upstream writes ``started_at``."""
+    return datetime.fromtimestamp(unix, UTC).isoformat()
+
+
+def unix_seconds(stamp: str) -> float | None:
+    """The Unix time of an RFC 3339 ``started_at`` (nanoseconds cut to micro), or None."""
+    text = re.sub(r"(\.\d{6})\d+", r"\1", stamp.strip()).replace("Z", "+00:00")
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+class SpawnSpec(BaseModel):
+    """How to start an agent: upstream's ``SpawnSpec``, field for field, plus ours.
+
+    ``provider`` and ``model`` left null take the worker's defaults, as upstream's do.
+    Ours: ``cwd``, ``env``, ``resume_session`` (a session dir, absolute or relative to
+    the store, whose conversation to continue: the resume-on-spawn shape proposed for
+    upstream). Unknown fields are ignored for forward compatibility."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    label: str | None = None
+    frontmatter_path: str | None = None
+    initial_prompt: str = ""
+    """Required upstream; an empty prompt here means the provider's own first turn."""
     model: str | None = None
+    provider: str | None = None
+    tool_allowlist: list[str] | None = None
+    isolation_worktree: bool = False
+    inherit_hooks: bool = True
+    interactive: bool = False
+    inherited_hooks_config: str | None = None
+    source: str | None = None
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     resume_session: str | None = None
-    """A session dir (absolute, or relative to the store) whose conversation to continue."""
 
 
 class AgentRecord(_Wire):
-    """What the daemon knows of one agent; persisted as ``manifest.json``.
+    """What the daemon knows of one agent: upstream's ``AgentRecord`` (``id``, ``name``,
+    ``status``, ``started_at``, ``session_dir``, ``endpoint``, ``working_dir``, ``spec``)
+    plus our bookkeeping; persisted as ``manifest.json``, which upstream's worker reads.
 
-    Pids are deliberately not part of the record, so a restarted daemon never signals a
-    stale pid: a formerly live agent comes back ``crashed`` and is resumed, not adopted.
+    A record of an earlier release (no ``name``, ``started_at``, ``endpoint``) gets them
+    derived as it loads; a caliband's record (no ``created_at``) gets ours from
+    ``started_at``. Pids are deliberately not part of the record, so a restarted daemon
+    never signals a stale pid: a formerly live agent comes back ``crashed`` and is
+    resumed, not adopted.
     """
 
     id: str
-    status: AgentStatus
-    spec: SpawnSpec
+    name: str
+    status: AgentStatus = Field(strict=False)
+    started_at: str
     session_dir: str
+    endpoint: Endpoint
+    working_dir: str = ""
+    spec: SpawnSpec
     created_at: float
     updated_at: float
     turns: int = 0
@@ -123,6 +236,30 @@ class AgentRecord(_Wire):
     """Removed from the task by a scale-down (``retire``): drained, its conversation kept
     on disk and in a checkpoint, but no longer one of the task's agents. A drain, a
     recovery and the heartbeat's counts leave it out; a ``resume`` brings it back."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        doc = dict(data)
+        given = doc.get("spec")
+        spec: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        if "name" not in doc and isinstance(doc.get("id"), str):
+            doc["name"] = spec.get("label") or f"agent-{doc['id']}"
+        created = doc.get("created_at")
+        if "started_at" not in doc and isinstance(created, int | float):
+            doc["started_at"] = rfc3339(created)
+        if created is None and isinstance(doc.get("started_at"), str):
+            doc["created_at"] = unix_seconds(doc["started_at"]) or 0.0
+        if "updated_at" not in doc and "created_at" in doc:
+            doc["updated_at"] = doc["created_at"]
+        directory = doc.get("session_dir")
+        if "endpoint" not in doc and isinstance(directory, str):
+            doc["endpoint"] = {"scheme": "unix", "path": f"{directory}/{AGENT_SOCKET_FILE}"}
+        if "working_dir" not in doc and isinstance(directory, str) and created is not None:
+            doc["working_dir"] = spec.get("cwd") or directory  # where ours always ran
+        return doc
 
 
 class ResumeRef(_Wire):
@@ -141,8 +278,20 @@ class ResumeRef(_Wire):
 
 
 class _Request(_Wire):
-    token: str | None = None
-    """Bearer token; required on the network transport, ignored on the Unix socket."""
+    pass
+
+
+class _Graceful(_Request):
+    grace: Duration = DEFAULT_GRACE
+    """How long workers get to flush and exit after SIGTERM; stragglers are SIGKILLed."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grace_secs(cls, data: Any) -> Any:
+        # Ignoring an old caller's grace would silently give its agents 30 s instead.
+        if isinstance(data, Mapping) and "grace_secs" in data:
+            raise ValueError('grace_secs is replaced by grace: {"secs": N, "nanos": 0}')
+        return data
 
 
 class ListRequest(_Request):
@@ -184,26 +333,28 @@ class ShutdownRequest(_Request):
 
 
 class ReportStatusRequest(_Request):
+    """A worker's report. Upstream's worker reports every status it has; this daemon
+    acts on ``running`` and ``idle`` and acknowledges the rest (the worker's exit is
+    what it records)."""
+
     kind: Literal["report_status"]
     id: str
-    status: Literal["running", "idle"]
+    status: AgentStatus = Field(strict=False)  # its value, from a dict as from JSON
     turns: int | None = Field(default=None, ge=0)
 
 
-class DrainRequest(_Request):
+class DrainRequest(_Graceful):
     kind: Literal["drain"]
-    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS, allow_inf_nan=False)
 
 
-class RetireRequest(_Request):
+class RetireRequest(_Graceful):
     """Scale down to ``keep`` agents: the task's agents beyond its ``keep`` oldest are
-    drained as ``drain`` drains (SIGTERM, ``grace_secs``, SIGKILL only for stragglers)
-    and marked ``retired``. Answers one ``ResumeRef`` per agent it retired; none when
-    the task has ``keep`` agents or fewer."""
+    drained as ``drain`` drains (SIGTERM, ``grace``, SIGKILL only for stragglers) and
+    marked ``retired``. Answers one ``ResumeRef`` per agent it retired; none when the
+    task has ``keep`` agents or fewer."""
 
     kind: Literal["retire"]
     keep: int = Field(ge=0)
-    grace_secs: float = Field(default=30.0, ge=0.0, le=MAX_GRACE_SECS, allow_inf_nan=False)
 
 
 class ResumeRequest(_Request):
@@ -236,10 +387,10 @@ Request = Annotated[
     | ResumeRequest,
     Field(discriminator="kind"),
 ]
-REQUEST_KINDS = (
-    "list", "spawn", "attach", "kill", "respawn", "rm", "status", "shutdown",
-    "report_status", "drain", "retire", "resume",
+UPSTREAM_REQUEST_KINDS: Final = (
+    "list", "spawn", "attach", "kill", "respawn", "rm", "status", "shutdown", "report_status",
 )  # fmt: skip
+REQUEST_KINDS: Final = (*UPSTREAM_REQUEST_KINDS, "drain", "retire", "resume")
 _request_adapter: TypeAdapter[Request] = TypeAdapter(Request)
 
 # ---------------------------------------------------------------------------- replies
@@ -253,17 +404,19 @@ class Listed(_Wire):
 class Spawned(_Wire):
     kind: Literal["spawned"] = "spawned"
     id: str
-    endpoint: str
+    endpoint: Endpoint
 
 
 class AttachAck(_Wire):
     kind: Literal["attach_ack"] = "attach_ack"
-    endpoint: str
+    endpoint: Endpoint
 
 
 class Killed(_Wire):
+    """Upstream's is a bare ``{"kind": "killed"}``; ``id`` and ``exit`` are ours."""
+
     kind: Literal["killed"] = "killed"
-    id: str
+    id: str | None = None
     exit: int | None = None
 
 
@@ -273,16 +426,20 @@ class Respawned(_Wire):
 
 
 class Removed(_Wire):
+    """Upstream's is a bare ``{"kind": "removed"}``; ``id`` is ours."""
+
     kind: Literal["removed"] = "removed"
-    id: str
+    id: str | None = None
 
 
 class StatusReply(_Wire):
+    """Upstream's ``Status(DaemonStatus)``: the daemon status inline beside ``kind``."""
+
     kind: Literal["status"] = "status"
     pid: int
     agents: int
-    uptime_secs: float
-    endpoint: str
+    uptime_secs: int
+    endpoint: Endpoint
 
 
 class ShutdownAck(_Wire):
@@ -306,13 +463,32 @@ class Retired(_Wire):
 class Resumed(_Wire):
     kind: Literal["resumed"] = "resumed"
     id: str
-    endpoint: str
+    endpoint: Endpoint
 
 
 class ErrorBody(_Wire):
-    kind: ErrorKind
+    """Upstream's ``SupervisorError``: ``not_found {id}``, ``invalid_state {op, id,
+    status}``, ``internal {message}``. We add ``message`` to every kind; one from a
+    caliband without it gets the text upstream's ``Display`` gives."""
+
+    kind: Literal["not_found", "invalid_state", "internal"]
     message: str
     id: str | None = None
+    op: str | None = None
+    status: AgentStatus | None = Field(default=None, strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _message(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "message" in data:
+            return data
+        doc = dict(data)
+        if doc.get("kind") == "not_found":
+            doc["message"] = f"agent not found: {doc.get('id')}"
+        elif doc.get("kind") == "invalid_state":
+            status = str(doc.get("status", "")).replace("_", " ").title().replace(" ", "")
+            doc["message"] = f"invalid state for {doc.get('op')}: agent {doc.get('id')} is {status}"
+        return doc
 
 
 class ErrorReply(_Wire):
@@ -340,16 +516,45 @@ _reply_adapter: TypeAdapter[Reply] = TypeAdapter(Reply)
 
 
 class ProtocolError(Exception):
-    """A request the daemon refuses; becomes an ``error`` reply and nothing else."""
+    """A request the daemon refuses; becomes an ``error`` reply and nothing else.
 
-    def __init__(self, kind: ErrorKind, message: str, agent_id: str | None = None) -> None:
+    ``invalid_state`` goes on the wire only with the agent, the verb (``op``) and the
+    agent's ``status``, which upstream requires; without them (a daemon-wide refusal:
+    stopping, draining, full) it is ``internal`` with the same message. ``bad_request``
+    is ``internal`` with ``"bad request: …"``, as caliband answers a malformed line."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        agent_id: str | None = None,
+        *,
+        op: str | None = None,
+        status: AgentStatus | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.agent_id = agent_id
+        self.op = op
+        self.status = status
 
     def reply(self) -> ErrorReply:
-        return ErrorReply(error=ErrorBody(kind=self.kind, message=self.message, id=self.agent_id))
+        kind: Literal["not_found", "invalid_state", "internal"]
+        message = self.message
+        match self.kind:
+            case ErrorKind.NOT_FOUND if self.agent_id is not None:
+                kind = "not_found"
+            case ErrorKind.INVALID_STATE if None not in (self.agent_id, self.op, self.status):
+                kind = "invalid_state"
+            case ErrorKind.BAD_REQUEST:
+                kind, message = "internal", f"bad request: {message}"
+            case _:
+                kind = "internal"
+        body = ErrorBody(
+            kind=kind, message=message, id=self.agent_id, op=self.op, status=self.status
+        )
+        return ErrorReply(error=body)
 
 
 def _describe(exc: ValidationError) -> str:

@@ -16,7 +16,9 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
+
+from pydantic import ValidationError
 
 from worker_agent.process import WorkerProcess
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, SpawnSpec
@@ -116,6 +118,14 @@ class Registry:
                 must go on. The stale manifest errs on the safe side — it still says the agent
                 was live, so a restarted daemon marks it ``crashed`` and it can be resumed.
         """
+        if unknown := sorted(changes.keys() - AgentRecord.model_fields.keys()):
+            # A record ignores unknown fields as it loads (as serde does); a change that
+            # names one is a bug here, not data from elsewhere.
+            errors: list[Any] = [
+                {"type": "extra_forbidden", "loc": (k,), "input": changes[k]}  # type: ignore[literal-required]
+                for k in unknown
+            ]
+            raise ValidationError.from_exception_data("AgentRecord", errors)
         agent.record = AgentRecord.model_validate(
             {**dict(agent.record), **changes, "updated_at": time.time()}
         )

@@ -3,14 +3,16 @@
 Each connection is served in its own task, one request at a time, one reply per
 request, so a long drain on one connection never holds up ``list`` on another. A bad
 line gets an ``error`` reply and the connection stays usable; a line over 1 MiB is
-skipped to its newline. On the network transport every request carries the bearer
-token, compared in constant time, before anything else about it is looked at.
+skipped to its newline; a blank line is skipped, as caliband does. On the network
+transport a client authenticates as upstream's ``transport.rs`` does (ADR 0051): TLS,
+then one preamble line ``{"bearer": TOKEN}``, compared in constant time, before any
+request is read; a wrong, late or malformed preamble closes the connection.
 
 The network transport is open to whoever can reach the port, so it is bounded: at most
 ``MAX_NETWORK_CONNECTIONS`` at once (counted from accept, before the TLS handshake), a
-handshake deadline, and a deadline for each read until the connection has sent one
-authorized request; refusals are logged at a bounded rate. Nothing a network client does
-can use up the daemon's file descriptors and lock out the local socket.
+handshake deadline and a preamble deadline; refusals are logged at a bounded rate.
+Nothing a network client does can use up the daemon's file descriptors and lock out the
+local socket.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import os
 import signal
@@ -42,10 +45,9 @@ MAX_NETWORK_CONNECTIONS = 64
 TLS_HANDSHAKE_SECS = 10.0
 """A network client must finish the TLS handshake within this."""
 AUTH_DEADLINE_SECS = 10.0
-"""Until a network connection has sent an authorized request, each read must arrive
-within this; an idle or silent unauthenticated connection is closed."""
-MAX_UNAUTHORIZED = 3
-"""Requests with a wrong or missing token after which a network connection is closed."""
+"""A network client must send its bearer preamble within this after the handshake."""
+MAX_PREAMBLE_BYTES = 4096
+"""The longest preamble line read (upstream's limit); a longer one closes the connection."""
 
 
 class RateLimitedLog:
@@ -193,7 +195,7 @@ class ControlServer:
     async def _serve_local(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        await self._serve(reader, writer, network=False)
+        await self._serve(reader, writer)
 
     async def _serve_network(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -215,40 +217,53 @@ class ControlServer:
             writer.transport.abort()
             return
         try:
-            await self._serve(reader, writer, network=True)
+            if await self._authenticated(reader):
+                await self._serve(reader, writer)
+            else:
+                writer.transport.abort()
         finally:
             self._network.discard(task)
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, network: bool
-    ) -> None:
+    async def _authenticated(self, reader: asyncio.StreamReader) -> bool:
+        """Whether the connection's first line is the bearer preamble with our token."""
+        assert self._token is not None
+        try:
+            line = await asyncio.wait_for(reader.readuntil(b"\n"), AUTH_DEADLINE_SECS)
+        except TimeoutError:
+            self._refusals.warning("connection_closed", "reason=no_preamble_in_time")
+            return False
+        except asyncio.LimitOverrunError:
+            self._refusals.warning("connection_closed", "reason=preamble_too_long")
+            return False
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            return False
+        if len(line) > MAX_PREAMBLE_BYTES:
+            self._refusals.warning("connection_closed", "reason=preamble_too_long")
+            return False
+        try:
+            preamble = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            preamble = None
+        bearer = preamble.get("bearer") if isinstance(preamble, dict) else None
+        if not isinstance(bearer, str):
+            self._refusals.warning("connection_closed", "reason=malformed_preamble")
+            return False
+        if not hmac.compare_digest(bearer.encode(), self._token):
+            self._refusals.warning("connection_closed", "reason=bad_bearer_token")
+            return False
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        authorized = not network
-        unauthorized = 0
         try:
-            while True:
-                if authorized:
-                    line = await read_request_line(reader)
-                else:
-                    line = await asyncio.wait_for(read_request_line(reader), AUTH_DEADLINE_SECS)
-                if line is None:
-                    break
-                reply = await self._answer(line, network=network)
+            while (line := await read_request_line(reader)) is not None:
+                if isinstance(line, bytes) and not line.strip():
+                    continue
+                reply = await self._answer(line)
                 writer.write(proto.encode(reply))
                 await writer.drain()
-                if (
-                    isinstance(reply, proto.ErrorReply)
-                    and reply.error.kind is ErrorKind.UNAUTHORIZED
-                ):
-                    unauthorized += 1
-                    if unauthorized >= MAX_UNAUTHORIZED:
-                        break
-                elif network:
-                    authorized = True
-        except TimeoutError:
-            self._refusals.warning("connection_closed", "reason=no_authorized_request_in_time")
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
@@ -257,32 +272,20 @@ class ControlServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, line: bytes | _LineTooLong, *, network: bool) -> proto.Reply:
+    async def _answer(self, line: bytes | _LineTooLong) -> proto.Reply:
         try:
             if isinstance(line, _LineTooLong):
                 raise ProtocolError(
                     ErrorKind.BAD_REQUEST, f"request line exceeds {MAX_LINE_BYTES} bytes; skipped"
                 )
-            obj = proto.decode_line(line)
-            if network:
-                self._authorize(obj.get("token"))
-            request = proto.validate_request(obj)
+            request = proto.parse_request(line)
             return await self.supervisor.handle(request)
         except ProtocolError as exc:
-            if exc.kind is ErrorKind.UNAUTHORIZED:
-                self._refusals.warning("request_refused", "kind=%s", exc.kind)
-            else:
-                log.info("request_refused kind=%s message=%s", exc.kind, exc.message)
+            log.info("request_refused kind=%s message=%s", exc.kind, exc.message)
             return exc.reply()
         except Exception as exc:
             log.exception("request_failed")
             return ProtocolError(ErrorKind.INTERNAL, f"internal error: {exc}").reply()
-
-    def _authorize(self, token: object) -> None:
-        assert self._token is not None
-        offered = token.encode() if isinstance(token, str) else b""
-        if not hmac.compare_digest(offered, self._token):
-            raise ProtocolError(ErrorKind.UNAUTHORIZED, "missing or wrong bearer token")
 
 
 async def run_daemon(settings: DaemonSettings) -> None:

@@ -19,11 +19,24 @@ LISTEN_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$"
 """``HOST:PORT``, with an IPv6 host in brackets."""
 
 DEFAULT_WORKER_COMMAND = (
-    "{python} -m worker_agent.worker --session-dir {session_dir} --agent-id {agent_id} {resume}"
+    "{python} -m worker_agent.worker __agent-worker"
+    " --manifest {manifest} --socket {socket} --control-socket {control_socket}"
 )
-"""How the reference worker is launched. Placeholders: ``{python}``, ``{session_dir}``,
-``{agent_id}``, ``{provider}``, ``{model}``, ``{resume}`` (``--resume`` or nothing).
-A real caliban fits as ``caliban __agent-worker --session {session_dir} {resume}``."""
+"""How the reference worker is launched: upstream caliban's worker arguments, so a real
+caliban fits as ``caliban __agent-worker --manifest {manifest} --socket {socket}
+--control-socket {control_socket}``. ``WORKER_ARGUMENTS`` lists the placeholders."""
+
+WORKER_ARGUMENTS = {
+    "python": "the daemon's Python interpreter",
+    "manifest": "the agent's manifest.json (its AgentRecord; spec.resume_session on a resume)",
+    "socket": "the agent's attach socket, which the worker binds",
+    "control_socket": "the daemon's control socket, for report_status",
+    "session_dir": "the agent's session directory",
+    "agent_id": "the agent's id",
+    "provider": "spec.provider, or empty for the worker's default",
+    "model": "spec.model, or empty",
+    "resume": "--resume when continuing a session, else nothing (older workers)",
+}
 
 
 class DaemonSettings(BaseSettings):

@@ -93,9 +93,14 @@ def _git(args: Sequence[str], cwd: Path | None = None) -> str:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     try:
         done = subprocess.run(
-            ["git", *args], cwd=cwd, env=env, capture_output=True, text=True,
-            timeout=GIT_TIMEOUT_SECS, check=False,
-        )  # fmt: skip
+            ["git", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_SECS,
+            check=False,
+        )
     except FileNotFoundError:
         raise SourceError("git is not installed in this image") from None
     except subprocess.TimeoutExpired:
@@ -148,8 +153,12 @@ def clone_all(into: Path, sources: Sequence[Source]) -> list[tuple[Source, str, 
         outcome, commit = clone_source(into, source)
         log.info(
             "source_%s name=%s repo=%s ref=%s commit=%s",
-            outcome, source.name, redact(source.repo), source.ref, commit,
-        )  # fmt: skip
+            outcome,
+            source.name,
+            redact(source.repo),
+            source.ref,
+            commit,
+        )
         outcomes.append((source, outcome, commit))
     return outcomes
 

@@ -25,8 +25,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from worker_agent.layout import agents_dir, daemon_lock_file, lock_file, manifest_file
-from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError
+from worker_agent.layout import (
+    AGENT_SOCKET_FILE,
+    agents_dir,
+    daemon_lock_file,
+    lock_file,
+    manifest_file,
+)
+from worker_agent.proto import AgentRecord, ErrorKind, ProtocolError, UnixEndpoint
 from worker_agent.session import SessionError, atomic_write, check_transcript, load_session
 
 log = logging.getLogger(__name__)
@@ -115,7 +121,13 @@ class Store:
                 continue
             # The manifest is writable by the worker that runs in this directory, so its
             # session_dir is never trusted: the directory is where the manifest lives.
-            records.append(record.model_copy(update={"session_dir": str(entry)}))
+            # Nor are the paths derived from it (a restored store may be mounted elsewhere).
+            where = {
+                "session_dir": str(entry),
+                "endpoint": UnixEndpoint(path=str(entry / AGENT_SOCKET_FILE)),
+                "working_dir": record.spec.cwd or str(entry),
+            }
+            records.append(record.model_copy(update=where))
         return records
 
     def remove_agent_dir(self, agent_id: str) -> None:
@@ -159,7 +171,9 @@ class Store:
                 f"session_dir {raw!r} is not an agent directory {self.agents_dir}/<id>",
             )
         if not resolved.is_dir():
-            raise ProtocolError(ErrorKind.NOT_FOUND, f"session_dir {raw!r} does not exist")
+            raise ProtocolError(
+                ErrorKind.NOT_FOUND, f"session_dir {raw!r} does not exist", resolved.name
+            )
         return resolved
 
     def check_expected(self, session_dir: Path, turns: int | None, sha256: str | None) -> None:
@@ -175,7 +189,9 @@ class Store:
             session = load_session(session_dir)
         except SessionError as exc:
             raise ProtocolError(
-                ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"
+                ErrorKind.INVALID_STATE,
+                f"cannot resume {session_dir.name}: {exc}",
+                session_dir.name,
             ) from None
         if (turns is not None and session.turns != turns) or (
             sha256 is not None and session.sha256 != sha256
@@ -192,11 +208,14 @@ class Store:
     def check_resumable(self, session_dir: Path) -> int:
         """The number of completed turns to resume from, or a clear refusal."""
         try:
-            session = load_session(session_dir)
+            # A session upstream's types wrote names no agent: it is this directory's.
+            session = load_session(session_dir, agent_id=session_dir.name)
             check_transcript(session_dir, session)
         except SessionError as exc:
             raise ProtocolError(
-                ErrorKind.INVALID_STATE, f"cannot resume {session_dir.name}: {exc}"
+                ErrorKind.INVALID_STATE,
+                f"cannot resume {session_dir.name}: {exc}",
+                session_dir.name,
             ) from None
         if session.agent_id != session_dir.name:
             raise ProtocolError(

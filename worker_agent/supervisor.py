@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from worker_agent import proto
-from worker_agent.layout import drain_deadline_file, session_file, stderr_file, transcript_file
+from worker_agent.layout import (
+    AGENT_SOCKET_FILE,
+    drain_deadline_file,
+    manifest_file,
+    session_file,
+    stderr_file,
+    transcript_file,
+)
 from worker_agent.process import LaunchError, WorkerProcess, render_command
 from worker_agent.proto import AgentRecord, AgentStatus, ErrorKind, ProtocolError, ResumeRef
 from worker_agent.registry import Agent, Registry
@@ -38,7 +45,6 @@ from worker_agent.store import Store, lock_is_held
 
 log = logging.getLogger(__name__)
 
-AGENT_SOCKET = "agent.sock"
 LOCK_WAIT_SECS = 10.0
 """How long a resume waits for a previous worker of the same session to let go of it."""
 
@@ -75,7 +81,7 @@ class Supervisor:
         spec = proto.SpawnSpec(
             provider=self.settings.initial_provider,
             model=self.settings.initial_model,
-            initial_prompt=self.settings.initial_prompt,
+            initial_prompt=self.settings.initial_prompt or "",
         )
         for _ in range(self.settings.initial_agents):
             await self.spawn(spec)
@@ -84,6 +90,19 @@ class Supervisor:
     # ------------------------------------------------------------------ verbs
 
     async def handle(self, request: proto.Request) -> proto.Reply:
+        try:
+            return await self._dispatch(request)
+        except ProtocolError as exc:
+            # Upstream's invalid_state names the verb and the agent's status: fill them in
+            # for refusals raised where neither is known (the store's checks).
+            if exc.kind is ErrorKind.INVALID_STATE and exc.agent_id is not None:
+                exc.op = exc.op or request.kind
+                agent = self.registry.find(exc.agent_id)
+                if exc.status is None and agent is not None:
+                    exc.status = agent.record.status
+            raise
+
+    async def _dispatch(self, request: proto.Request) -> proto.Reply:
         match request:
             case proto.ListRequest():
                 return proto.Listed(agents=[a.record for a in self.registry])
@@ -101,19 +120,19 @@ class Supervisor:
                 return proto.StatusReply(
                     pid=os.getpid(),
                     agents=len(self.registry),
-                    uptime_secs=round(time.monotonic() - self.started_at, 3),
-                    endpoint=f"unix:{self.socket_path}",
+                    uptime_secs=int(time.monotonic() - self.started_at),
+                    endpoint=proto.UnixEndpoint(path=str(self.socket_path)),
                 )
             case proto.ShutdownRequest():
                 self.stopping.set()
                 return proto.ShutdownAck()
             case proto.ReportStatusRequest(id=agent_id, status=status, turns=turns):
-                self._report_status(agent_id, AgentStatus(status), turns)
+                self._report_status(agent_id, status, turns)
                 return proto.StatusReported()
-            case proto.DrainRequest(grace_secs=grace):
-                return proto.Drained(agents=await self.drain(grace))
-            case proto.RetireRequest(keep=keep, grace_secs=grace):
-                return proto.Retired(agents=await self.retire(keep, grace))
+            case proto.DrainRequest(grace=grace):
+                return proto.Drained(agents=await self.drain(grace.seconds))
+            case proto.RetireRequest(keep=keep, grace=grace):
+                return proto.Retired(agents=await self.retire(keep, grace.seconds))
             case proto.ResumeRequest(session_dir=session_dir):
                 session = self.store.resolve_session_dir(session_dir)
                 self.store.check_expected(session, request.expect_turns, request.expect_sha256)
@@ -148,16 +167,7 @@ class Supervisor:
         agent_id = self.store.new_agent_id()
         directory = self.store.agent_dir(agent_id)
         directory.mkdir(mode=0o700)
-        now = time.time()
-        record = AgentRecord(
-            id=agent_id,
-            status=AgentStatus.SPAWNING,
-            spec=spec,
-            session_dir=str(directory),
-            created_at=now,
-            updated_at=now,
-        )
-        agent = self.registry.add(record)
+        agent = self.registry.add(_new_record(directory, spec))
         self._launch(agent, resume=False)
         return proto.Spawned(id=agent.id, endpoint=self._endpoint(agent))
 
@@ -185,18 +195,8 @@ class Supervisor:
         # meanwhile must not get a worker launched behind its back, which it would then
         # report stopped and clean while the worker keeps taking turns.
         self._refuse_while_draining("resume")
-        now = time.time()
         if existing is None:
-            record = AgentRecord(
-                id=agent_id,
-                status=AgentStatus.SPAWNING,
-                spec=spec,
-                session_dir=str(session_dir),
-                created_at=now,
-                updated_at=now,
-                turns=turns,
-            )
-            agent = self.registry.add(record)
+            agent = self.registry.add(_new_record(session_dir, spec, turns=turns))
         else:
             agent = existing
             agent.stop_reason = None
@@ -216,13 +216,24 @@ class Supervisor:
         return agent
 
     def _launch(self, agent: Agent, *, resume: bool) -> None:
+        """Start the agent's worker with upstream's ``__agent-worker`` arguments: its
+        ``manifest.json`` (written first: the worker reads its spec there, and on a resume
+        ``spec.resume_session`` names the session to continue), the socket it binds and
+        the daemon's control socket it reports to."""
         directory = Path(agent.record.session_dir)
+        resume_session = str(directory) if resume else None
+        if agent.record.spec.resume_session != resume_session:
+            spec = agent.record.spec.model_copy(update={"resume_session": resume_session})
+            self.registry.update(agent, spec=spec)
         spec = agent.record.spec
         values = {
             "python": self.settings.python,
+            "manifest": str(manifest_file(directory)),
+            "socket": str(directory / AGENT_SOCKET_FILE),
+            "control_socket": str(self.socket_path),
             "session_dir": str(directory),
             "agent_id": agent.id,
-            "provider": spec.provider,
+            "provider": spec.provider or "",
             "model": spec.model or "",
             "resume": "--resume" if resume else "",
         }
@@ -233,10 +244,10 @@ class Supervisor:
             "CALIBAN_SESSION_DIR": str(directory),
             "CALIBAN_SUPERVISOR_SOCKET": str(self.socket_path),
             "CALIBAN_SUPERVISOR_PID": str(os.getpid()),
-            "CALIBAN_AGENT_SOCKET": str(directory / AGENT_SOCKET),
-            "CALIBAN_PROVIDER": spec.provider,
+            "CALIBAN_AGENT_SOCKET": str(directory / AGENT_SOCKET_FILE),
+            "CALIBAN_PROVIDER": spec.provider or "",
             "CALIBAN_MODEL": spec.model or "",
-            "CALIBAN_INITIAL_PROMPT": spec.initial_prompt or "",
+            "CALIBAN_INITIAL_PROMPT": spec.initial_prompt,
             "CALIBAN_DRAIN_GRACE_SECS": str(self.settings.drain_grace_secs),
             DRAIN_DEADLINE_ENV: str(self.deadline_file),
         }
@@ -302,10 +313,10 @@ class Supervisor:
         await asyncio.to_thread(self.registry.save, [agent.record], sync=False)
         log.info("agent_exited agent=%s exit=%d status=drained turns=%d", agent.id, code, ref.turns)
 
-    def _endpoint(self, agent: Agent) -> str:
-        return f"unix:{Path(agent.record.session_dir) / AGENT_SOCKET}"
+    def _endpoint(self, agent: Agent) -> proto.UnixEndpoint:
+        return proto.UnixEndpoint(path=str(Path(agent.record.session_dir) / AGENT_SOCKET_FILE))
 
-    def _attach(self, agent_id: str) -> str:
+    def _attach(self, agent_id: str) -> proto.UnixEndpoint:
         agent = self.registry.get(agent_id)
         if not agent.live:
             raise ProtocolError(
@@ -317,6 +328,8 @@ class Supervisor:
 
     def _report_status(self, agent_id: str, status: AgentStatus, turns: int | None) -> None:
         agent = self.registry.get(agent_id)
+        if status not in (AgentStatus.RUNNING, AgentStatus.IDLE):
+            return  # upstream's worker reports its end too; its exit is what counts here
         if agent.record.status not in (AgentStatus.SPAWNING, AgentStatus.RUNNING, AgentStatus.IDLE):
             # A report racing a drain or kill must not bring the agent back to life.
             return
@@ -529,3 +542,21 @@ class Supervisor:
     async def close(self) -> None:
         """Drain (with the configured grace) and stop: the pod-deletion safety net."""
         await self.drain(self.settings.drain_grace_secs)
+
+
+def _new_record(directory: Path, spec: proto.SpawnSpec, *, turns: int = 0) -> AgentRecord:
+    """The record of an agent about to start in ``directory`` (its id is the dir's name)."""
+    now = time.time()
+    return AgentRecord(
+        id=directory.name,
+        name=spec.label or f"agent-{directory.name}",
+        status=AgentStatus.SPAWNING,
+        started_at=proto.rfc3339(now),
+        session_dir=str(directory),
+        endpoint=proto.UnixEndpoint(path=str(directory / AGENT_SOCKET_FILE)),
+        working_dir=spec.cwd or str(directory),
+        spec=spec,
+        created_at=now,
+        updated_at=now,
+        turns=turns,
+    )

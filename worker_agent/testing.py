@@ -122,9 +122,13 @@ class Subprocess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         _LIVE.append(self)
 
     def start(self, timeout: float | None = None) -> Self:

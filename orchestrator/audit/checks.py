@@ -19,9 +19,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.audit.findings import Finding, FindingKind
-from orchestrator.ledger import ActivityView, CheckpointView, DrainRecordProblem, OperationView
+from orchestrator.ledger import (
+    ActivityView,
+    CheckpointView,
+    DrainRecordProblem,
+    OperationView,
+    UnsettledSnapshotView,
+)
 from orchestrator.operator import crd
-from orchestrator.operator.lifecycle import HEARTBEATS_MISSED_BEFORE_SILENT, Phase
+from orchestrator.operator.lifecycle import (
+    HEARTBEATS_MISSED_BEFORE_SILENT,
+    ORPHANED_ASK_GRACE_SECS,
+    Phase,
+    snapshot_deadline,
+)
 from orchestrator.settings import Settings
 from worker_agent.contract import TaskNameError, daemon_queue
 from worker_agent.metrics import lost_turns
@@ -45,17 +56,27 @@ class Thresholds:
     """How long a new task may wait for its pod's first heartbeat (image pulls)."""
     overdue_slack_secs: float
     """How long past its deadline an operation may stay open before the sweeper closes it."""
+    snapshot_cut_secs: float
+    """How long after its checkpoint a snapshot may stay not cut before the ledger must say
+    it failed: the operator's cut timeout, and the time its follower takes to notice."""
+    snapshot_ready_secs: float
+    """Likewise for a cut snapshot to become ready (the operator's ready timeout)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Thresholds:
         reconcile = settings.reconcile_interval_secs
         silent = HEARTBEATS_MISSED_BEFORE_SILENT * settings.heartbeat_interval_secs
+        noticed = 2 * settings.snapshot_follow_interval_secs + 30
         return cls(
             heartbeat_silent_secs=silent,
             status_settle_secs=2 * reconcile + settings.heartbeat_poll_secs + 5,
             phase_settle_secs=settings.heartbeat_gap_secs + 2 * reconcile + 5,
             first_heartbeat_secs=max(settings.audit_first_heartbeat_secs, silent),
             overdue_slack_secs=2 * settings.sweep_interval_secs + 30,
+            snapshot_cut_secs=settings.snapshot_cut_timeout_secs
+            + ORPHANED_ASK_GRACE_SECS
+            + noticed,
+            snapshot_ready_secs=settings.snapshot_ready_timeout_secs + noticed,
         )
 
 
@@ -172,15 +193,18 @@ def check_tasks(
     for task in cluster.tasks:
 
         def finding(kind: FindingKind, message: str, *, t: TaskState = task) -> Finding:
-            return Finding(kind, f"calibantask {t.namespace}/{t.name}", message,
-                           t.namespace, t.name)  # fmt: skip
+            return Finding(
+                kind, f"calibantask {t.namespace}/{t.name}", message, t.namespace, t.name
+            )
 
         if task.checkpoint_ref and task.checkpoint_ref not in known_refs:
-            found.append(finding(
-                FindingKind.UNKNOWN_CHECKPOINT,
-                f"status.checkpointRef {task.checkpoint_ref} is not in the ledger: the task "
-                "cannot be resumed or restored from it",
-            ))  # fmt: skip
+            found.append(
+                finding(
+                    FindingKind.UNKNOWN_CHECKPOINT,
+                    f"status.checkpointRef {task.checkpoint_ref} is not in the ledger: the task "
+                    "cannot be resumed or restored from it",
+                )
+            )
         if task.deleting:
             continue  # the drain finalizer owns it now
         activity = activities.get((task.namespace, task.name))
@@ -205,19 +229,23 @@ def check_tasks(
                 and age is not None
                 and (age > limits.heartbeat_silent_secs + limits.phase_settle_secs)
             ):
-                found.append(finding(
-                    FindingKind.DAEMON_SILENT,
-                    f"phase {task.phase}, but its daemon's last heartbeat reached the ledger "
-                    f"{age:.0f}s ago (silent after {limits.heartbeat_silent_secs:g}s)",
-                ))  # fmt: skip
+                found.append(
+                    finding(
+                        FindingKind.DAEMON_SILENT,
+                        f"phase {task.phase}, but its daemon's last heartbeat reached the ledger "
+                        f"{age:.0f}s ago (silent after {limits.heartbeat_silent_secs:g}s)",
+                    )
+                )
             elif heard is None:
                 waited = _age(now, task.phase_since or task.created_at)
                 if waited is not None and waited > limits.first_heartbeat_secs:
-                    found.append(finding(
-                        FindingKind.DAEMON_SILENT,
-                        f"phase {task.phase}, and no heartbeat from its daemon in the "
-                        f"{waited:.0f}s since the phase began",
-                    ))  # fmt: skip
+                    found.append(
+                        finding(
+                            FindingKind.DAEMON_SILENT,
+                            f"phase {task.phase}, and no heartbeat from its daemon in the "
+                            f"{waited:.0f}s since the phase began",
+                        )
+                    )
         if (
             task.phase == Phase.RUNNING
             and mine is not None
@@ -227,12 +255,14 @@ def check_tasks(
             and phase_age > limits.status_settle_secs
             and task.agents != mine.agents_live
         ):
-            found.append(finding(
-                FindingKind.STATUS_DISAGREES,
-                f"status says {task.agents} agents live; its daemon's heartbeat of "
-                f"{age:.0f}s ago says {mine.agents_live} live of {mine.agents_total} "
-                f"({mine.agents_interrupted} interrupted)",
-            ))  # fmt: skip
+            found.append(
+                finding(
+                    FindingKind.STATUS_DISAGREES,
+                    f"status says {task.agents} agents live; its daemon's heartbeat of "
+                    f"{age:.0f}s ago says {mine.agents_live} live of {mine.agents_total} "
+                    f"({mine.agents_interrupted} interrupted)",
+                )
+            )
         if (
             # A Completed task released its compute as a paused one did: same claim.
             task.phase in (Phase.SUSPENDED, Phase.COMPLETED)
@@ -259,10 +289,12 @@ def check_tasks(
                     f"its daemon reported {mine.agents_live} live agents {age:.0f}s ago"
                 )
             if problems:
-                found.append(finding(
-                    FindingKind.SUSPENDED_NOT_STOPPED,
-                    f"phase {task.phase} for {phase_age:.0f}s, but {'; '.join(problems)}",
-                ))  # fmt: skip
+                found.append(
+                    finding(
+                        FindingKind.SUSPENDED_NOT_STOPPED,
+                        f"phase {task.phase} for {phase_age:.0f}s, but {'; '.join(problems)}",
+                    )
+                )
     return found
 
 
@@ -303,12 +335,16 @@ def check_daemons(
             f"{p.name}{' (terminating)' if p.terminating else ''}"
             for p in sorted(pods, key=lambda p: p.name)
         )
-        found.append(Finding(
-            FindingKind.DUPLICATE_DAEMON, f"pvc {namespace}/{pvc}",
-            f"{len(pods)} pods mount workspace PVC {pvc}: {names}; two daemons on one "
-            "store overwrite each other's sessions",
-            namespace, owner.name if owner is not None else None,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.DUPLICATE_DAEMON,
+                f"pvc {namespace}/{pvc}",
+                f"{len(pods)} pods mount workspace PVC {pvc}: {names}; two daemons on one "
+                "store overwrite each other's sessions",
+                namespace,
+                owner.name if owner is not None else None,
+            )
+        )
     for sandbox in cluster.sandboxes:
         task = by_uid.get(sandbox.owner_uid or "")
         if task is None:
@@ -323,12 +359,16 @@ def check_daemons(
         if sandbox.task_uid is not None and sandbox.task_uid != task.uid:
             wrong.append(f"--task-uid {sandbox.task_uid} (its task's uid is {task.uid})")
         if wrong:
-            found.append(Finding(
-                FindingKind.QUEUE_MISMATCH, f"sandbox {sandbox.namespace}/{sandbox.name}",
-                f"the daemon of task {task.namespace}/{task.name} is started with "
-                f"{' and '.join(wrong)}",
-                task.namespace, task.name,
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    FindingKind.QUEUE_MISMATCH,
+                    f"sandbox {sandbox.namespace}/{sandbox.name}",
+                    f"the daemon of task {task.namespace}/{task.name} is started with "
+                    f"{' and '.join(wrong)}",
+                    task.namespace,
+                    task.name,
+                )
+            )
     for (namespace, name), activity in sorted(activities.items()):
         owner = tasks.get((namespace, name))
         age = _age(now, _arrived(activity))
@@ -340,12 +380,16 @@ def check_daemons(
             or age > limits.heartbeat_silent_secs
         ):
             continue
-        found.append(Finding(
-            FindingKind.QUEUE_MISMATCH, f"queue {namespace}/{name}",
-            f"a daemon bound to task uid {activity.task_uid} heartbeats on task "
-            f"{namespace}/{name}'s queue {age:.0f}s ago; the task's uid is {owner.uid}",
-            namespace, name,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.QUEUE_MISMATCH,
+                f"queue {namespace}/{name}",
+                f"a daemon bound to task uid {activity.task_uid} heartbeats on task "
+                f"{namespace}/{name}'s queue {age:.0f}s ago; the task's uid is {owner.uid}",
+                namespace,
+                name,
+            )
+        )
     return found
 
 
@@ -366,16 +410,21 @@ def check_operations(
         if late is None or late <= limits.overdue_slack_secs:
             continue
         task = live_tasks.get((op.namespace, op.name))
-        found.append(Finding(
-            FindingKind.OPERATION_OVERDUE, f"operation {op.id}",
-            f"{op.kind} of {op.namespace}/{op.name} is still {op.state} {late:.0f}s past its "
-            f"deadline; the deadline sweeper (drainctl worker) closes such operations within "
-            f"{limits.overdue_slack_secs:g}s",
-            op.namespace, task.name if task is not None and task.uid == op.task_uid else None,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.OPERATION_OVERDUE,
+                f"operation {op.id}",
+                f"{op.kind} of {op.namespace}/{op.name} is still {op.state} {late:.0f}s past its "
+                f"deadline; the deadline sweeper (drainctl worker) closes such operations within "
+                f"{limits.overdue_slack_secs:g}s",
+                op.namespace,
+                task.name if task is not None and task.uid == op.task_uid else None,
+            )
+        )
     for problem in drain_problems:
-        found.append(Finding(FindingKind.DRAIN_RECORD, f"ledger: {problem.subject}",
-                             problem.message))  # fmt: skip
+        found.append(
+            Finding(FindingKind.DRAIN_RECORD, f"ledger: {problem.subject}", problem.message)
+        )
     return found
 
 
@@ -391,10 +440,50 @@ class SessionReading:
     error: str | None = None
 
 
+def check_snapshots(
+    unsettled: Iterable[UnsettledSnapshotView],
+    now: datetime,
+    limits: Thresholds,
+    live_tasks: Mapping[tuple[str, str], TaskState],
+) -> list[Finding]:
+    """A checkpoint snapshot the ledger says is on its way is no problem until its
+    deadline (not cut: ``snapshot_cut_secs`` after the checkpoint; cut and not ready:
+    ``snapshot_ready_secs``), by when the operator has recorded it ready or failed. Past
+    it, the snapshot never came and nothing said so: a finding."""
+    found: list[Finding] = []
+    for u in unsettled:
+        cut = u.snapshot_cut_at is not None
+        allowed = limits.snapshot_ready_secs if cut else limits.snapshot_cut_secs
+        deadline = snapshot_deadline(u.created_at, allowed)
+        late = _age(now, deadline)
+        if late is None or late <= 0:
+            continue
+        state = (
+            f"cut at {u.snapshot_cut_at:%Y-%m-%dT%H:%M:%SZ} and not readyToUse"
+            if cut
+            else "not cut"
+        )
+        task = live_tasks.get((u.namespace, u.name))
+        found.append(
+            Finding(
+                FindingKind.SNAPSHOT_OVERDUE,
+                f"checkpoint {u.ref}",
+                f"of task {u.namespace}/{u.name}: the ledger still says its VolumeSnapshot "
+                f"{u.snapshot_name} is on its way ({state}) {allowed:g}s after the checkpoint, "
+                f"{late:.0f}s past the moment the operator records such a snapshot failed; is "
+                "the operator running (with --manage-sandbox)?",
+                u.namespace,
+                task.name if task is not None and task.uid == u.task_uid else None,
+            )
+        )
+    return found
+
+
 def check_checkpoint_workspaces(
     checkpoints: Iterable[CheckpointView], cluster: Cluster
 ) -> list[Finding]:
-    """Each restorable checkpoint's workspace exists: its ready snapshot, else its PVC."""
+    """Each restorable checkpoint's workspace exists: its ready snapshot, else its
+    snapshot on its way or its PVC (either holds its state until the snapshot settles)."""
     found: list[Finding] = []
     pvcs = cluster.pvc_keys()
     snapshots = cluster.snapshot_keys()
@@ -403,28 +492,50 @@ def check_checkpoint_workspaces(
         snap_there = c.snapshot is not None and (c.namespace, c.snapshot) in snapshots
         subject = f"checkpoint {c.ref}"
         owner = f"of task {c.namespace}/{c.name}"
+        if c.snapshot_pending and c.snapshot_name is not None:
+            if not pvc_there and (c.namespace, c.snapshot_name) not in snapshots:
+                found.append(
+                    Finding(
+                        FindingKind.WORKSPACE_MISSING,
+                        subject,
+                        f"checkpoint {owner}: neither its VolumeSnapshot {c.snapshot_name}, "
+                        f"which the ledger says is on its way, nor its workspace PVC "
+                        f"{c.pvc_name} exists; the ledger still calls it restorable",
+                        c.namespace,
+                    )
+                )
+            continue
         if c.snapshot is not None and not snap_there and cluster.snapshots_served:
             if pvc_there:
-                found.append(Finding(
-                    FindingKind.SNAPSHOT_MISSING, subject,
-                    f"checkpoint {owner}: the ledger says VolumeSnapshot {c.snapshot} is "
-                    f"ready, and there is none; only its retained PVC {c.pvc_name} is left",
-                    c.namespace,
-                ))  # fmt: skip
+                found.append(
+                    Finding(
+                        FindingKind.SNAPSHOT_MISSING,
+                        subject,
+                        f"checkpoint {owner}: the ledger says VolumeSnapshot {c.snapshot} is "
+                        f"ready, and there is none; only its retained PVC {c.pvc_name} is left",
+                        c.namespace,
+                    )
+                )
             else:
-                found.append(Finding(
-                    FindingKind.WORKSPACE_MISSING, subject,
-                    f"checkpoint {owner}: neither its VolumeSnapshot {c.snapshot} nor its "
-                    f"workspace PVC {c.pvc_name} exists; the ledger still calls it restorable",
-                    c.namespace,
-                ))  # fmt: skip
+                found.append(
+                    Finding(
+                        FindingKind.WORKSPACE_MISSING,
+                        subject,
+                        f"checkpoint {owner}: neither its VolumeSnapshot {c.snapshot} nor its "
+                        f"workspace PVC {c.pvc_name} exists; the ledger still calls it restorable",
+                        c.namespace,
+                    )
+                )
         elif c.snapshot is None and c.pvc_name is not None and not pvc_there:
-            found.append(Finding(
-                FindingKind.WORKSPACE_MISSING, subject,
-                f"checkpoint {owner}: its workspace PVC {c.namespace}/{c.pvc_name} does not "
-                "exist and it has no snapshot; the ledger still calls it restorable",
-                c.namespace,
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    FindingKind.WORKSPACE_MISSING,
+                    subject,
+                    f"checkpoint {owner}: its workspace PVC {c.namespace}/{c.pvc_name} does not "
+                    "exist and it has no snapshot; the ledger still calls it restorable",
+                    c.namespace,
+                )
+            )
     return found
 
 
@@ -447,11 +558,15 @@ def check_sessions(
             )
         else:
             continue
-        found.append(Finding(
-            FindingKind.SESSION_MISMATCH, f"checkpoint {checkpoint.ref}",
-            f"agent {agent.agent_id}'s session in {where} {why}", checkpoint.namespace,
-            lost_turns=lost_turns(agent.turns, got.turns),
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.SESSION_MISMATCH,
+                f"checkpoint {checkpoint.ref}",
+                f"agent {agent.agent_id}'s session in {where} {why}",
+                checkpoint.namespace,
+                lost_turns=lost_turns(agent.turns, got.turns),
+            )
+        )
     return _one_per_subject(found)
 
 
@@ -460,8 +575,15 @@ def _one_per_subject(found: list[Finding]) -> list[Finding]:
     if len(found) < 2:
         return found
     first = found[0]
-    return [Finding(first.kind, first.subject, "; ".join(f.message for f in found),
-                    first.namespace, first.task)]  # fmt: skip
+    return [
+        Finding(
+            first.kind,
+            first.subject,
+            "; ".join(f.message for f in found),
+            first.namespace,
+            first.task,
+        )
+    ]
 
 
 # -------------------------------------------------------------------- orphans
@@ -481,20 +603,26 @@ def check_orphans(
             continue
         if any(uid in live for uid in pvc.owner_uids):
             continue
-        found.append(Finding(
-            FindingKind.ORPHAN_PVC, f"pvc {pvc.namespace}/{pvc.name}",
-            "a workspace PVC no live task owns and no restorable checkpoint names: storage "
-            "nothing will restore or release",
-            pvc.namespace,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.ORPHAN_PVC,
+                f"pvc {pvc.namespace}/{pvc.name}",
+                "a workspace PVC no live task owns and no restorable checkpoint names: storage "
+                "nothing will restore or release",
+                pvc.namespace,
+            )
+        )
     for snap in cluster.snapshots:
         key = (snap.namespace, snap.name)
         if snap.checkpoint is None or snap.terminating or key in referenced_snapshots:
             continue
-        found.append(Finding(
-            FindingKind.ORPHAN_SNAPSHOT, f"volumesnapshot {snap.namespace}/{snap.name}",
-            f"taken for checkpoint {snap.checkpoint}, which the ledger does not hold as "
-            "restorable with this snapshot: storage nothing will restore or release",
-            snap.namespace,
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                FindingKind.ORPHAN_SNAPSHOT,
+                f"volumesnapshot {snap.namespace}/{snap.name}",
+                f"taken for checkpoint {snap.checkpoint}, which the ledger does not hold as "
+                "restorable with this snapshot: storage nothing will restore or release",
+                snap.namespace,
+            )
+        )
     return found

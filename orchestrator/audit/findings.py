@@ -20,6 +20,10 @@ class FindingKind(StrEnum):
     SNAPSHOT_MISSING = "SnapshotMissing"
     """The ledger says the checkpoint's VolumeSnapshot is ready; there is no such snapshot
     (its retained PVC still exists)."""
+    SNAPSHOT_OVERDUE = "SnapshotOverdue"
+    """The ledger still says a checkpoint's snapshot is on its way (not cut, or cut and not
+    ready) long past its deadline: it never came, and the operator did not record it
+    failed."""
     SESSION_MISMATCH = "SessionMismatch"
     """An agent's session in the checkpoint's workspace is not the turns and sha256 the
     ledger recorded (edited, truncated, rolled back or unreadable)."""

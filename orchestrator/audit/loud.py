@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -23,7 +23,7 @@ from orchestrator.audit.checks import TaskState
 from orchestrator.audit.findings import Finding, FindingKind
 from orchestrator.audit.runner import AuditReport
 from orchestrator.operator import crd
-from orchestrator.operator.lifecycle import condition, merge_conditions
+from orchestrator.operator.lifecycle import Condition, condition, merge_conditions
 from worker_agent.metrics import LOST_TURNS_HELP, LOST_TURNS_NAME
 
 log = logging.getLogger(__name__)
@@ -40,25 +40,33 @@ class AuditMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.findings = Gauge(
-            "caliban_drain_audit_findings", "Findings of the latest audit run, by kind.",
-            ["kind"], registry=self.registry,
-        )  # fmt: skip
-        self.runs = Counter("caliban_drain_audit_runs", "Audit runs finished.",
-                            registry=self.registry)  # fmt: skip
+            "caliban_drain_audit_findings",
+            "Findings of the latest audit run, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.runs = Counter(
+            "caliban_drain_audit_runs", "Audit runs finished.", registry=self.registry
+        )
         self.duration = Histogram(
-            "caliban_drain_audit_duration_seconds", "How long one audit run took.",
+            "caliban_drain_audit_duration_seconds",
+            "How long one audit run took.",
             registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-        )  # fmt: skip
+        )
         self.checked = Counter(
-            "caliban_drain_audit_checked", "Objects the audit checked, by what they are.",
-            ["what"], registry=self.registry,
-        )  # fmt: skip
+            "caliban_drain_audit_checked",
+            "Objects the audit checked, by what they are.",
+            ["what"],
+            registry=self.registry,
+        )
         self.lost_turns = Counter(LOST_TURNS_NAME, LOST_TURNS_HELP, registry=self.registry)
         """Counted when a finding with lost turns first appears (``Announcer``)."""
-        self.last_run = Gauge("caliban_drain_audit_last_run_timestamp_seconds",
-                              "When the latest audit run finished.",
-                              registry=self.registry)  # fmt: skip
+        self.last_run = Gauge(
+            "caliban_drain_audit_last_run_timestamp_seconds",
+            "When the latest audit run finished.",
+            registry=self.registry,
+        )
         for kind in FindingKind:
             self.findings.labels(kind=kind.value).set(0)
 
@@ -86,8 +94,13 @@ class Announcer:
         for f in report.findings:
             if f.key in self.previous:
                 continue
-            log.warning("audit_finding kind=%s subject=%s task=%s message=%s",
-                        f.kind.value, f.subject, f.task, f.message)  # fmt: skip
+            log.warning(
+                "audit_finding kind=%s subject=%s task=%s message=%s",
+                f.kind.value,
+                f.subject,
+                f.task,
+                f.message,
+            )
             task = by_name.get((f.namespace or "", f.task or ""))
             if task is not None:
                 self.event(f, task)
@@ -120,8 +133,9 @@ class Announcer:
         try:
             client.CoreV1Api().create_namespaced_event(task.namespace, body)
         except ApiException as exc:
-            log.warning("audit_event_failed task=%s/%s status=%s", task.namespace, task.name,
-                        exc.status)  # fmt: skip
+            log.warning(
+                "audit_event_failed task=%s/%s status=%s", task.namespace, task.name, exc.status
+            )
 
     def conditions(self, findings: list[Finding], tasks: list[TaskState]) -> None:
         of_task: dict[tuple[str, str], list[Finding]] = defaultdict(list)
@@ -134,8 +148,11 @@ class Announcer:
                 continue
             mine = sorted(of_task.get((task.namespace, task.name), []))
             if mine:
-                wanted = ("False", mine[0].kind.value,
-                          "; ".join(f.line() for f in mine)[:MESSAGE_MAX])  # fmt: skip
+                wanted = (
+                    "False",
+                    mine[0].kind.value,
+                    "; ".join(f.line() for f in mine)[:MESSAGE_MAX],
+                )
             else:
                 wanted = ("True", "Audited", "the audit finds nothing inconsistent")
             if task.consistent == wanted:
@@ -144,7 +161,7 @@ class Announcer:
             self.write_condition(task, new)
 
     @staticmethod
-    def write_condition(task: TaskState, new: dict[str, Any]) -> None:
+    def write_condition(task: TaskState, new: Condition) -> None:
         api = client.CustomObjectsApi()
         try:
             current = api.get_namespaced_custom_object(
@@ -152,13 +169,21 @@ class Announcer:
             )
             if current["metadata"].get("uid") != task.uid:
                 return
-            existing = list((current.get("status") or {}).get("conditions") or [])
+            existing: list[Condition] = list((current.get("status") or {}).get("conditions") or [])
             api.patch_namespaced_custom_object_status(
-                crd.GROUP, crd.VERSION, task.namespace, crd.PLURAL, task.name,
+                crd.GROUP,
+                crd.VERSION,
+                task.namespace,
+                crd.PLURAL,
+                task.name,
                 {"status": {"conditions": merge_conditions(existing, new)}},
                 _content_type=MERGE_PATCH,
-            )  # fmt: skip
+            )
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("audit_condition_failed task=%s/%s status=%s", task.namespace,
-                            task.name, exc.status)  # fmt: skip
+                log.warning(
+                    "audit_condition_failed task=%s/%s status=%s",
+                    task.namespace,
+                    task.name,
+                    exc.status,
+                )

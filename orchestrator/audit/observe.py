@@ -81,16 +81,22 @@ def read_cluster() -> Cluster:
     for obj in _custom(crd.GROUP, crd.VERSION, crd.PLURAL):
         meta, status = obj["metadata"], obj.get("status") or {}
         agents = status.get("agents")
-        cluster.tasks.append(TaskState(
-            namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
-            phase=status.get("phase"), phase_since=parse_time(status.get("phaseSince")),
-            created_at=parse_time(meta.get("creationTimestamp")),
-            agents=int(agents) if isinstance(agents, int) else None,
-            checkpoint_ref=status.get("checkpointRef"), pvc_name=status.get("pvcName"),
-            deleting=bool(meta.get("deletionTimestamp")),
-            disruption=status.get("disruption"),
-            consistent=_condition(status, "Consistent"),
-        ))  # fmt: skip
+        cluster.tasks.append(
+            TaskState(
+                namespace=str(meta["namespace"]),
+                name=str(meta["name"]),
+                uid=str(meta["uid"]),
+                phase=status.get("phase"),
+                phase_since=parse_time(status.get("phaseSince")),
+                created_at=parse_time(meta.get("creationTimestamp")),
+                agents=int(agents) if isinstance(agents, int) else None,
+                checkpoint_ref=status.get("checkpointRef"),
+                pvc_name=status.get("pvcName"),
+                deleting=bool(meta.get("deletionTimestamp")),
+                disruption=status.get("disruption"),
+                consistent=_condition(status, "Consistent"),
+            )
+        )
     stored = sandbox_storage_version()
     if stored is not None:
         for obj in _custom(crd.SANDBOX_GROUP, stored, crd.SANDBOX_PLURAL):
@@ -99,21 +105,30 @@ def read_cluster() -> Cluster:
     for pod in paged(core.list_pod_for_all_namespaces):
         volumes = (pod.spec.volumes if pod.spec else None) or []
         owners = pod.metadata.owner_references or []
-        cluster.pods.append(PodState(
-            namespace=str(pod.metadata.namespace), name=str(pod.metadata.name),
-            pvcs=tuple(v.persistent_volume_claim.claim_name for v in volumes
-                       if v.persistent_volume_claim),
-            controller_uid=next((o.uid for o in owners if o.controller), None),
-            terminating=pod.metadata.deletion_timestamp is not None,
-        ))  # fmt: skip
+        cluster.pods.append(
+            PodState(
+                namespace=str(pod.metadata.namespace),
+                name=str(pod.metadata.name),
+                pvcs=tuple(
+                    v.persistent_volume_claim.claim_name
+                    for v in volumes
+                    if v.persistent_volume_claim
+                ),
+                controller_uid=next((o.uid for o in owners if o.controller), None),
+                terminating=pod.metadata.deletion_timestamp is not None,
+            )
+        )
     for pvc in paged(core.list_persistent_volume_claim_for_all_namespaces):
         meta = pvc.metadata
-        cluster.pvcs.append(PvcState(
-            namespace=str(meta.namespace), name=str(meta.name),
-            owner_uids=tuple(o.uid for o in meta.owner_references or [] if o.kind == crd.KIND),
-            workspace=crd.TASK_LABEL in (meta.labels or {}),
-            terminating=meta.deletion_timestamp is not None,
-        ))  # fmt: skip
+        cluster.pvcs.append(
+            PvcState(
+                namespace=str(meta.namespace),
+                name=str(meta.name),
+                owner_uids=tuple(o.uid for o in meta.owner_references or [] if o.kind == crd.KIND),
+                workspace=crd.TASK_LABEL in (meta.labels or {}),
+                terminating=meta.deletion_timestamp is not None,
+            )
+        )
     try:
         client.ApiextensionsV1Api().read_custom_resource_definition(crd.SNAPSHOT_CRD)
     except ApiException as exc:
@@ -122,11 +137,15 @@ def read_cluster() -> Cluster:
         cluster.snapshots_served = False
     for obj in _custom(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_PLURAL):
         meta = obj["metadata"]
-        cluster.snapshots.append(SnapshotState(
-            namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
-            checkpoint=(meta.get("labels") or {}).get(crd.CHECKPOINT_LABEL),
-            terminating=bool(meta.get("deletionTimestamp")),
-        ))  # fmt: skip
+        cluster.snapshots.append(
+            SnapshotState(
+                namespace=str(meta["namespace"]),
+                name=str(meta["name"]),
+                uid=str(meta["uid"]),
+                checkpoint=(meta.get("labels") or {}).get(crd.CHECKPOINT_LABEL),
+                terminating=bool(meta.get("deletionTimestamp")),
+            )
+        )
     return cluster
 
 
@@ -150,13 +169,18 @@ def _sandbox(api_version: str, obj: dict[str, Any]) -> SandboxState:
     pod_spec = (spec.get("podTemplate") or {}).get("spec") or {}
     containers = pod_spec.get("containers") or [{}]
     args = [str(a) for a in containers[0].get("args") or []]
-    owner = next((o.get("uid") for o in meta.get("ownerReferences") or []
-                  if o.get("kind") == crd.KIND), None)  # fmt: skip
+    owner = next(
+        (o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("kind") == crd.KIND), None
+    )
     return SandboxState(
-        namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
-        suspended=suspended, owner_uid=owner,
-        queue=_arg(args, "--queue"), task_uid=_arg(args, "--task-uid"),
-    )  # fmt: skip
+        namespace=str(meta["namespace"]),
+        name=str(meta["name"]),
+        uid=str(meta["uid"]),
+        suspended=suspended,
+        owner_uid=owner,
+        queue=_arg(args, "--queue"),
+        task_uid=_arg(args, "--task-uid"),
+    )
 
 
 # -------------------------------------------------------------------- contents

@@ -54,10 +54,13 @@ def run_periodically(
         else:
             metrics.observe(report)
             metrics.lost_turns.inc(sum(f.lost_turns for f in new))
-            log.info("audit_done findings=%d duration=%.3fs checkpoints_checked=%d "
-                     "sessions_checked=%d", len(report.findings), report.duration_secs,
-                     report.counts.get("checkpoints_checked", 0),
-                     report.counts.get("sessions_checked", 0))  # fmt: skip
+            log.info(
+                "audit_done findings=%d duration=%.3fs checkpoints_checked=%d sessions_checked=%d",
+                len(report.findings),
+                report.duration_secs,
+                report.counts.get("checkpoints_checked", 0),
+                report.counts.get("sessions_checked", 0),
+            )
             if report_file is not None:
                 write_report(report_file, report)
         stop.wait(every_secs)

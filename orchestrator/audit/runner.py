@@ -32,11 +32,12 @@ from orchestrator.audit.checks import (
     check_operations,
     check_orphans,
     check_sessions,
+    check_snapshots,
     check_tasks,
 )
 from orchestrator.audit.findings import Finding, FindingKind
 from orchestrator.audit.observe import Volumes, read_cluster, read_sessions
-from orchestrator.ledger import CheckpointView, Ledger
+from orchestrator.ledger import CheckpointView, Ledger, UnsettledSnapshotView
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,9 @@ class AuditReport:
     findings: list[Finding] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     """What was looked at: tasks, sandboxes, pods, pvcs, snapshots, operations overdue,
-    checkpoints (restorable, in the ledger), checkpoints_checked, sessions_checked."""
+    checkpoints (restorable, in the ledger), checkpoints_checked, sessions_checked; and of
+    the checkpoints' snapshots, snapshots_pending (on their way, every checkpoint's) and
+    snapshots_ready, snapshots_failed (of the restorable checkpoints checked)."""
     kubernetes: bool = True
     contents: bool = False
     """Whether session contents could be read at all (``audit_volumes_dir``)."""
@@ -159,22 +162,38 @@ class Auditor:
         cutoff = now - timedelta(seconds=self.limits.overdue_slack_secs)
         overdue = self.ledger.overdue_operations(cutoff, limit=OVERDUE_SCAN)
         live = {(t.namespace, t.name): t for t in cluster.tasks}
+        unsettled = self.unsettled_snapshots()
         found = [
             *check_tasks(cluster, activities, known, now, self.limits),
             *check_daemons(cluster, activities, now, self.limits),
             *check_operations(overdue, self.ledger.drain_record_problems(), now, self.limits, live),
+            *check_snapshots(unsettled, now, self.limits, live),
         ]
         if self.kubernetes:
             labelled_pvcs = {(p.namespace, p.name) for p in cluster.pvcs if p.workspace}
             labelled_snaps = {(s.namespace, s.name) for s in cluster.snapshots if s.checkpoint}
-            used_pvcs, used_snaps = self.ledger.workspace_references(labelled_pvcs,
-                                                                     labelled_snaps)  # fmt: skip
+            used_pvcs, used_snaps = self.ledger.workspace_references(labelled_pvcs, labelled_snaps)
             found += check_orphans(cluster, used_pvcs, used_snaps)
         counts.update(
-            tasks=len(cluster.tasks), sandboxes=len(cluster.sandboxes), pods=len(cluster.pods),
-            pvcs=len(cluster.pvcs), snapshots=len(cluster.snapshots),
-            heartbeats=len(activities), operations_overdue=len(overdue),
-        )  # fmt: skip
+            tasks=len(cluster.tasks),
+            sandboxes=len(cluster.sandboxes),
+            pods=len(cluster.pods),
+            pvcs=len(cluster.pvcs),
+            snapshots=len(cluster.snapshots),
+            heartbeats=len(activities),
+            operations_overdue=len(overdue),
+            snapshots_pending=len(unsettled),
+        )
+        return found
+
+    def unsettled_snapshots(self) -> list[UnsettledSnapshotView]:
+        """Every checkpoint snapshot the ledger says is on its way (a partial index holds
+        exactly these: a few rows, whatever the ledger's size)."""
+        found: list[UnsettledSnapshotView] = []
+        while page := self.ledger.unsettled_snapshots(found[-1].id if found else 0, PAGE):
+            found += page
+            if len(page) < PAGE:
+                break
         return found
 
     def checkpoint_checks(
@@ -186,23 +205,34 @@ class Auditor:
         going on past its share (up to the checkpoint batch) until it has read
         ``audit_session_batch`` sessions."""
         s = self.settings
-        share = total if everything else Rotation.share(
-            total, s.audit_checkpoint_batch, s.audit_interval_secs, s.audit_full_pass_secs
-        )  # fmt: skip
+        share = (
+            total
+            if everything
+            else Rotation.share(
+                total, s.audit_checkpoint_batch, s.audit_interval_secs, s.audit_full_pass_secs
+            )
+        )
         found: list[Finding] = []
         if self.kubernetes:
             checked = 0
+            ready = failed = 0
             for page in self.walk(self.rotation.workspaces_after, share):
                 found += check_checkpoint_workspaces(page, cluster)
                 checked += len(page)
+                ready += sum(c.snapshot is not None for c in page)
+                failed += sum(c.snapshot_error is not None for c in page)
                 self.rotation.workspaces_after = page[-1].id
             counts["checkpoints_checked"] = checked
+            counts["snapshots_ready"] = ready
+            counts["snapshots_failed"] = failed
         counts["sessions_checked"] = 0
         if self.volumes is None:
             return found
-        need = total if everything else Rotation.share(
-            total, 1, s.audit_interval_secs, s.audit_full_pass_secs
-        )  # fmt: skip
+        need = (
+            total
+            if everything
+            else Rotation.share(total, 1, s.audit_interval_secs, s.audit_full_pass_secs)
+        )
         sessions = taken = 0
         for page in self.walk(self.rotation.contents_after, share):
             for checkpoint, directory, where in self.readable(page, cluster):
@@ -245,8 +275,9 @@ class Auditor:
         assert self.volumes is not None
         snapshots = {(sn.namespace, sn.name): sn.uid for sn in cluster.snapshots}
         live = cluster.task_by_uid()
-        owned = {(p.namespace, p.name) for p in cluster.pvcs
-                 if any(u in live for u in p.owner_uids)}  # fmt: skip
+        owned = {
+            (p.namespace, p.name) for p in cluster.pvcs if any(u in live for u in p.owner_uids)
+        }
         pvcs = {(c.namespace, c.pvc_name) for c in batch if c.pvc_name}
         newest = self.ledger.newest_refs_of_pvcs(pvcs)
         resumed = self.ledger.resumed_refs([c.ref for c in batch])
@@ -263,6 +294,7 @@ class Auditor:
                 and c.ref not in resumed
                 and (c.namespace, c.pvc_name) not in owned
             ):
-                out.append((c, self.volumes.pvc(c.namespace, c.pvc_name),
-                            f"retained PVC {c.pvc_name}"))  # fmt: skip
+                out.append(
+                    (c, self.volumes.pvc(c.namespace, c.pvc_name), f"retained PVC {c.pvc_name}")
+                )
         return out

@@ -40,13 +40,22 @@ def main() -> None:
 
 
 for command in (
-    daemon, sources, agents,
-    drain_cmd, resume_cmd, worker_cmd, flower_cmd,
-    ledger, db,
-    operator_cmd, pause_cmd, wake_cmd,
+    daemon,
+    sources,
+    agents,
+    drain_cmd,
+    resume_cmd,
+    worker_cmd,
+    flower_cmd,
+    ledger,
+    db,
+    operator_cmd,
+    pause_cmd,
+    wake_cmd,
     audit_cmd,
-    dev, demo,
-):  # fmt: skip
+    dev,
+    demo,
+):
     main.add_command(command)
 
 

@@ -39,12 +39,24 @@ from orchestrator.cli.output import configure_logging, emit, json_option, log_le
     default=None,
     help="Run periodically, every SECS (the periodic auditor), until SIGTERM.",
 )
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="With --every: serve Prometheus metrics on this port.")  # fmt: skip
-@click.option("--metrics-host", default="127.0.0.1", show_default=True,
-              help="With --every: the address the metrics listen on.")  # fmt: skip
-@click.option("--report-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --every: write each run's report (JSON) here.")  # fmt: skip
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="With --every: serve Prometheus metrics on this port.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="With --every: the address the metrics listen on.",
+)
+@click.option(
+    "--report-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --every: write each run's report (JSON) here.",
+)
 @json_option
 @log_level_option
 def audit_cmd(
@@ -82,8 +94,14 @@ def audit_cmd(
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        run_periodically(auditor, every, stop=stop, metrics_port=metrics_port,
-                         metrics_host=metrics_host, report_file=report_file)  # fmt: skip
+        run_periodically(
+            auditor,
+            every,
+            stop=stop,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            report_file=report_file,
+        )
         return
     report = auditor.run(everything=True)
     emit(report.as_json(), lambda: _human(report.as_json()))
@@ -98,7 +116,9 @@ def _human(report: dict[str, Any]) -> str:
     counts = report["counts"]
     looked = (
         f"{counts.get('tasks', 0)} tasks, {counts.get('checkpoints_checked', 0)} of "
-        f"{counts.get('checkpoints', 0)} restorable checkpoints, "
+        f"{counts.get('checkpoints', 0)} restorable checkpoints (snapshots: "
+        f"{counts.get('snapshots_ready', 0)} ready, {counts.get('snapshots_pending', 0)} "
+        f"pending, {counts.get('snapshots_failed', 0)} failed), "
         f"{counts.get('sessions_checked', 0)} sessions read"
     )
     if not report["kubernetes"]:

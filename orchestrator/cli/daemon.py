@@ -129,7 +129,7 @@ def agents_ls(obj: _AgentsContext) -> None:
     for record in reply.agents:
         rows.append(
             f"{record.id:<20} {record.status.value:<9} {record.turns:>5}  "
-            f"{record.spec.provider:<9} {record.session_dir}"
+            f"{record.spec.provider or '(default)':<9} {record.session_dir}"
         )
     emit(reply, "\n".join(rows) if reply.agents else "no agents")
 
@@ -139,7 +139,7 @@ def agents_ls(obj: _AgentsContext) -> None:
     "--provider", default="scripted", show_default=True, help="The worker's model provider."
 )
 @click.option("--model", default=None, help='Model; for scripted: "turns=N,turn_ms=M".')
-@click.option("--name", default=None, help="A human name for the agent.")
+@click.option("--name", "label", default=None, help="A human name for the agent (its label).")
 @click.option("--prompt", "initial_prompt", default=None, help="Initial prompt.")
 @click.option("--resume-session", default=None, help="Continue this session dir instead.")
 @click.option(
@@ -203,7 +203,7 @@ def agents_status(obj: _AgentsContext) -> None:
     reply = obj.call("status")
     emit(
         reply,
-        f"pid {reply.pid}  agents {reply.agents}  up {reply.uptime_secs:.1f}s  {reply.endpoint}",
+        f"pid {reply.pid}  agents {reply.agents}  up {reply.uptime_secs}s  {reply.endpoint}",
     )
 
 
@@ -220,7 +220,11 @@ def agents_status(obj: _AgentsContext) -> None:
 @click.pass_obj
 def agents_drain(obj: _AgentsContext, grace_secs: float) -> None:
     """Checkpoint, then stop every agent; print one resume reference per agent."""
-    reply = obj.call("drain", grace_secs=grace_secs)
+    from worker_agent.proto import MAX_GRACE_SECS, Duration
+
+    if not 0 <= grace_secs <= MAX_GRACE_SECS:
+        raise click.BadParameter(f"must be 0 to {MAX_GRACE_SECS:.0f} seconds", param_hint="--grace")
+    reply = obj.call("drain", grace=Duration.of(grace_secs).model_dump())
     rows = [f"{'ID':<20} {'TURNS':>5} {'CLEAN':<5} {'EXIT':>4}  SESSION  SHA256"]
     for ref in reply.agents:
         rows.append(

@@ -58,9 +58,12 @@ def demo(agent_count: int, state_dir: Path | None, port: int, daemon_only: bool)
 
     try:
         code = run_story(
-            agent_count=agent_count, state_dir=state_dir, port=port, as_json=wants_json(),
+            agent_count=agent_count,
+            state_dir=state_dir,
+            port=port,
+            as_json=wants_json(),
             echo=click.echo,
-        )  # fmt: skip
+        )
     except DemoBusy as exc:
         raise OperationFailed(str(exc)) from None
     sys.exit(code)

@@ -63,6 +63,19 @@ def dev() -> None:
     "(snapshot CRDs saved in the state dir are removed, their objects with them).",
 )
 @click.option(
+    "--snapshot-ready-delay",
+    "snapshot_ready_delay",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    envvar="DRAIN_DEV_SNAPSHOT_READY_DELAY_SECS",
+    metavar="SECONDS",
+    help="Seconds from a VolumeSnapshot's cut (creationTime set, content bound: at once) "
+    "until the stand-in CSI driver makes it readyToUse, as a real driver uploads a "
+    "snapshot for minutes (default from DRAIN_DEV_SNAPSHOT_READY_DELAY_SECS; 0: ready at "
+    "the cut).",
+)
+@click.option(
     "--operator/--no-operator",
     default=True,
     show_default=True,
@@ -92,6 +105,7 @@ def dev_up(
     sandbox_storage: str,
     fresh: bool,
     snapshots: bool,
+    snapshot_ready_delay: float,
     operator: bool,
     rbac: Path | None,
     record_requests: Path | None,
@@ -107,12 +121,18 @@ def dev_up(
     try:
         asyncio.run(
             run_dev_up(
-                kubeconfig=kubeconfig.resolve(), state_dir=state_dir.resolve(), port=port,
-                sandbox_storage=sandbox_storage, fresh=fresh, snapshots=snapshots,
-                operator=operator, rbac=rbac.resolve() if rbac else None,
+                kubeconfig=kubeconfig.resolve(),
+                state_dir=state_dir.resolve(),
+                port=port,
+                sandbox_storage=sandbox_storage,
+                fresh=fresh,
+                snapshots=snapshots,
+                operator=operator,
+                rbac=rbac.resolve() if rbac else None,
                 record_requests=record_requests.resolve() if record_requests else None,
+                snapshot_ready_delay_secs=snapshot_ready_delay,
             )
-        )  # fmt: skip
+        )
     except DevClusterError as exc:
         raise OperationFailed(str(exc)) from None
 

@@ -63,12 +63,28 @@ def _checkpoint_table(checkpoints: list[CheckpointView]) -> str:
 
 
 def _snapshot_word(c: CheckpointView) -> str:
-    """ready (restorable into any number of fresh PVCs), failed, pending, or - (none)."""
+    """ready (restorable into any number of fresh PVCs), failed, pending (asked for, cut
+    or not, and not ready yet: a restore of it waits), or - (none)."""
     if c.snapshot is not None:
         return "ready"
     if c.snapshot_error is not None:
         return "failed"
     return "pending" if c.snapshot_name is not None else "-"
+
+
+def _snapshot_line(c: CheckpointView) -> str:
+    """``ledger show``'s snapshot line: its name, its state, and when it was cut and
+    became ready, or why it failed."""
+    word = _snapshot_word(c)
+    cut = f"cut {c.snapshot_cut_at:%Y-%m-%d %H:%M:%S}" if c.snapshot_cut_at else None
+    if word == "ready":
+        ready = f"ready {c.snapshot_ready_at:%Y-%m-%d %H:%M:%S}"
+        detail = f"{cut}, {ready}" if cut else ready
+    elif word == "failed":
+        detail = f"{cut}; {c.snapshot_error}" if cut else str(c.snapshot_error)
+    else:
+        detail = f"{cut}, not readyToUse yet" if cut else "not cut yet"
+    return f"  snapshot: {c.snapshot_name or '-'} {word}: {detail}"
 
 
 def _yes_no(flag: bool) -> str:
@@ -81,9 +97,11 @@ def _yes_no(flag: bool) -> str:
     "--limit", default=50, show_default=True, type=click.IntRange(1), help="At most this many."
 )
 @click.option(
-    "--after", default=None, metavar="REF",
+    "--after",
+    default=None,
+    metavar="REF",
     help="The next page: the checkpoints older than REF (the last one listed before).",
-)  # fmt: skip
+)
 @click.option(
     "--quiet", "-q", is_flag=True, help="Print only the refs, one per line (for scripts)."
 )
@@ -93,7 +111,9 @@ def ledger_ls(task: tuple[str, str] | None, limit: int, after: str | None, quiet
     forced (taken without a drain) and verified (every session's sha256 checked) are
     separate columns; WORKSPACE is GONE once a restore found the checkpoint's workspace
     deleted or prune released it (``ledger show`` says why); SNAPSHOT is ready when a
-    VolumeSnapshot of the workspace can be restored."""
+    VolumeSnapshot of the workspace can be restored, pending while it is taken (a pause or
+    a deletion goes on once it is cut; a restore waits for ready), failed when it was not
+    cut or not ready in time."""
     namespace, name = task if task else (None, None)
     try:
         checkpoints = open_ledger().list_checkpoints(
@@ -125,10 +145,7 @@ def ledger_show(ref: str) -> None:
         if checkpoint.unavailable:
             lines.append(f"  unavailable: {checkpoint.unavailable}")
         if checkpoint.snapshot_name or checkpoint.snapshot_error:
-            lines.append(
-                f"  snapshot: {checkpoint.snapshot_name or '-'} {_snapshot_word(checkpoint)}"
-                + (f": {checkpoint.snapshot_error}" if checkpoint.snapshot_error else "")
-            )
+            lines.append(_snapshot_line(checkpoint))
         for agent in checkpoint.agents:
             lines.append(
                 f"  {agent.agent_id:<20} turns={agent.turns:<5} clean={agent.clean!s:<5} "
@@ -181,17 +198,26 @@ def _prune_table(items: list[PruneItem], dry_run: bool, batch: int) -> str:
 
 @ledger.command("prune")
 @click.option(
-    "--keep", default=3, show_default=True, type=click.IntRange(0),
+    "--keep",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
     help="Checkpoints to keep per task, newest first (0: only what live tasks name).",
-)  # fmt: skip
+)
 @click.option(
-    "--older-than", default="0s", show_default=True, type=Duration(),
+    "--older-than",
+    default="0s",
+    show_default=True,
+    type=Duration(),
     help="Release only checkpoints older than this (e.g. 7d, 12h).",
-)  # fmt: skip
+)
 @click.option(
-    "--batch", default=100, show_default=True, type=click.IntRange(1),
+    "--batch",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1),
     help="Checkpoints released together: their deletions at once, then one ledger write.",
-)  # fmt: skip
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be released; change nothing.")
 @kube_options
 @json_option
@@ -229,9 +255,13 @@ def ledger_prune(
     async def run() -> list[PruneItem]:
         named, held = await what_is_in_use(checkpoints)
         items = plan_prune(
-            checkpoints, keep=keep, older_than_secs=older_than, now=now,
-            named_by_tasks=named, held_pvcs=held,
-        )  # fmt: skip
+            checkpoints,
+            keep=keep,
+            older_than_secs=older_than,
+            now=now,
+            named_by_tasks=named,
+            held_pvcs=held,
+        )
         if not dry_run:
             await release(ledger_, items, now, batch=batch, progress=progress)
         return items

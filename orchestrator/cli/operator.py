@@ -167,9 +167,15 @@ def _patch_task(
         api = client.CustomObjectsApi(api_client)
         try:
             result: dict[str, Any] = api.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, patch,
-                _content_type="application/merge-patch+json", _request_timeout=API_TIMEOUT_SECS,
-            )  # fmt: skip
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                patch,
+                _content_type="application/merge-patch+json",
+                _request_timeout=API_TIMEOUT_SECS,
+            )
         except ApiException as exc:
             hint = f" (does it exist? kubectl get {PLURAL} -n {namespace})"
             raise OperationFailed(

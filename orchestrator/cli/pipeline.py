@@ -138,15 +138,23 @@ def _operation_options(wait_help: str) -> Callable[[F], F]:
     def apply(command: F) -> F:
         for option in reversed(
             [
-                click.option("--uid", "task_uid", default=None,
-                             help="Task identity recorded in the ledger (default NS/NAME)."),
+                click.option(
+                    "--uid",
+                    "task_uid",
+                    default=None,
+                    help="Task identity recorded in the ledger (default NS/NAME).",
+                ),
                 click.option("--wait", is_flag=True, help=wait_help),
-                click.option("--timeout", default=600.0, show_default=True,
-                             type=click.FloatRange(min=0),
-                             help="Seconds --wait waits before exiting 3."),
+                click.option(
+                    "--timeout",
+                    default=600.0,
+                    show_default=True,
+                    type=click.FloatRange(min=0),
+                    help="Seconds --wait waits before exiting 3.",
+                ),
                 json_option,
             ]
-        ):  # fmt: skip
+        ):
             command = option(command)
         return command
 
@@ -164,9 +172,12 @@ def _operation_options(wait_help: str) -> Callable[[F], F]:
 )
 @_operation_options("Wait until recorded; print the checkpoint ref.")
 def drain_cmd(
-    task: tuple[str, str], grace_secs: float | None, task_uid: str | None, wait: bool,
+    task: tuple[str, str],
+    grace_secs: float | None,
+    task_uid: str | None,
+    wait: bool,
     timeout: float,
-) -> None:  # fmt: skip
+) -> None:
     """Drain the daemon of TASK (NS/NAME) through Celery and record a checkpoint."""
     from orchestrator.pipeline.start import start_drain
     from orchestrator.settings import get_settings
@@ -175,9 +186,14 @@ def drain_cmd(
     settings = get_settings()
     app = _bounded_app()
     op = start_drain(
-        app, open_ledger(), settings, namespace=namespace, name=name, task_uid=task_uid,
+        app,
+        open_ledger(),
+        settings,
+        namespace=namespace,
+        name=name,
+        task_uid=task_uid,
         grace_secs=grace_secs,
-    )  # fmt: skip
+    )
     _finish(op, wait, timeout, prints="checkpoint")
 
 
@@ -198,9 +214,14 @@ def resume_cmd(
     settings = get_settings()
     app = _bounded_app()
     op = start_resume(
-        app, open_ledger(), settings, namespace=namespace, name=name,
-        checkpoint_ref=checkpoint_ref, task_uid=task_uid,
-    )  # fmt: skip
+        app,
+        open_ledger(),
+        settings,
+        namespace=namespace,
+        name=name,
+        checkpoint_ref=checkpoint_ref,
+        task_uid=task_uid,
+    )
     _finish(op, wait, timeout, prints="state")
 
 

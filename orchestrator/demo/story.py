@@ -46,7 +46,7 @@ from orchestrator.devcluster import csi
 from orchestrator.devcluster.up import LEDGER_FILE, SANDBOXES_DIR
 from orchestrator.operator import crd
 from orchestrator.testing import DevStackProcess
-from worker_agent import layout
+from worker_agent import layout, transcript
 from worker_agent.session import SessionError, load_session
 from worker_agent.testing import DRAINCTL, ProcessExited, WaitTimeout, wait_until
 
@@ -191,8 +191,9 @@ def _resumed_from(directory: Path) -> list[int]:
         for line in layout.transcript_file(directory).read_text().splitlines():
             with contextlib.suppress(ValueError):
                 event = json.loads(line)
-                if isinstance(event, dict) and event.get("type") == "resumed":
-                    found.append(int(event["from_turn"]))
+                turn = transcript.resumed_from(event) if isinstance(event, dict) else None
+                if turn is not None:
+                    found.append(turn)
     return found
 
 
@@ -341,9 +342,14 @@ class Story:
         stream = watch.Watch()
         try:
             for event in stream.stream(
-                self.custom().list_namespaced_custom_object, crd.GROUP, crd.VERSION,
-                NAMESPACE, crd.PLURAL, resource_version=since, timeout_seconds=int(timeout),
-            ):  # fmt: skip
+                self.custom().list_namespaced_custom_object,
+                crd.GROUP,
+                crd.VERSION,
+                NAMESPACE,
+                crd.PLURAL,
+                resource_version=since,
+                timeout_seconds=int(timeout),
+            ):
                 obj = event["object"]
                 if (obj.get("metadata") or {}).get("name") != name:
                     continue
@@ -483,9 +489,13 @@ class Story:
         ):
             idle = self.wait(
                 f"{self.agent_count} agents to finish {SCRIPTED_TURNS} turns",
-                lambda: (t := self.sessions(pvc)) and len(t) == self.agent_count
-                and all(v >= SCRIPTED_TURNS for v in t.values()) and t,
-            )  # fmt: skip
+                lambda: (
+                    (t := self.sessions(pvc))
+                    and len(t) == self.agent_count
+                    and all(v >= SCRIPTED_TURNS for v in t.values())
+                    and t
+                ),
+            )
             self.record("running", idle)
             status = self.wait_phase(TASK, "Suspended")
             if status.get("pausedBy") != "idle":
@@ -495,8 +505,10 @@ class Story:
             self.record("paused", self.ledger_turns(paused))
             if not self.sandbox_suspended(TASK):
                 raise DemoFailure(f"{TASK} is Suspended but its Sandbox still runs")
-            self.progress(f"   {TASK} Suspended (pausedBy idle): checkpoint {paused}, Sandbox "
-                          f"{self.suspension_field(TASK)}, no daemon")  # fmt: skip
+            self.progress(
+                f"   {TASK} Suspended (pausedBy idle): checkpoint {paused}, Sandbox "
+                f"{self.suspension_field(TASK)}, no daemon"
+            )
 
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self.step(
@@ -508,26 +520,36 @@ class Story:
             ),
         ) as wake:
             self.custom().patch_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, TASK,
+                crd.GROUP,
+                crd.VERSION,
+                NAMESPACE,
+                crd.PLURAL,
+                TASK,
                 {"metadata": {"annotations": {crd.WAKE_ANNOTATION: stamp}}},
-            )  # fmt: skip
+            )
             self.wait_phase(TASK, "Running", agents=self.agent_count)
             at_pause = self.ledger_turns(paused)
             self.wait(
                 "every agent to resume at turns + 1",
-                lambda: all(_resumed_from(layout.agent_dir(self.volume(pvc), a))[-1:] == [t + 1]
-                            for a, t in at_pause.items()),
-            )  # fmt: skip
+                lambda: all(
+                    _resumed_from(layout.agent_dir(self.volume(pvc), a))[-1:] == [t + 1]
+                    for a, t in at_pause.items()
+                ),
+            )
             by_hand = f"drainctl agents --socket {self.prompt_all(TASK)} prompt AGENT_ID 'go on'"
             self.hint(by_hand)
             wake.commands.append(by_hand)
             self.wait(
                 f"every agent to answer {PROMPTS_AFTER_WAKE} prompts",
-                lambda: (t := self.sessions(pvc)) and all(
-                    t.get(a, 0) >= n + PROMPTS_AFTER_WAKE for a, n in at_pause.items()),
-            )  # fmt: skip
-            self.progress(f"   {TASK} Running again: every agent resumed at turns + 1 and "
-                          f"answered {PROMPTS_AFTER_WAKE} more prompts")  # fmt: skip
+                lambda: (
+                    (t := self.sessions(pvc))
+                    and all(t.get(a, 0) >= n + PROMPTS_AFTER_WAKE for a, n in at_pause.items())
+                ),
+            )
+            self.progress(
+                f"   {TASK} Running again: every agent resumed at turns + 1 and "
+                f"answered {PROMPTS_AFTER_WAKE} more prompts"
+            )
 
         with self.step(
             "delete",
@@ -561,8 +583,10 @@ class Story:
             recorded = self.ledger_turns(deleted)
             self.record("deleted", recorded)
             self.core().read_namespaced_persistent_volume_claim(pvc, NAMESPACE)
-            self.progress(f"   {TASK} gone: checkpoint {deleted} seen in status.checkpointRef "
-                          f"while Draining; PVC {pvc} kept")  # fmt: skip
+            self.progress(
+                f"   {TASK} gone: checkpoint {deleted} seen in status.checkpointRef "
+                f"while Draining; PVC {pvc} kept"
+            )
 
         restored_file = self.root / f"{RESTORED}.yaml"
         restored_file.write_text(yaml.safe_dump(task_manifest(RESTORED, 0, deleted)))
@@ -579,18 +603,28 @@ class Story:
             new_pvc = str(status["pvcName"])
             self.wait(
                 "every restored agent to resume at turns + 1",
-                lambda: all(_resumed_from(layout.agent_dir(self.volume(new_pvc), a))[-1:] ==
-                            [t + 1] for a, t in recorded.items()),
-            )  # fmt: skip
+                lambda: all(
+                    _resumed_from(layout.agent_dir(self.volume(new_pvc), a))[-1:] == [t + 1]
+                    for a, t in recorded.items()
+                ),
+            )
             self.prompt_all(RESTORED, prompts=1)
-            self.record("restored", self.wait(
-                "every restored agent to answer a prompt",
-                lambda: (t := self.sessions(new_pvc)) and all(
-                    t.get(a, 0) > n for a, n in recorded.items()) and t,
-            ))  # fmt: skip
-            self.progress(f"   {RESTORED} Running on PVC {new_pvc}: every agent resumed at "
-                          "turns + 1 from the deleted task's checkpoint, then answered a "
-                          "prompt")  # fmt: skip
+            self.record(
+                "restored",
+                self.wait(
+                    "every restored agent to answer a prompt",
+                    lambda: (
+                        (t := self.sessions(new_pvc))
+                        and all(t.get(a, 0) > n for a, n in recorded.items())
+                        and t
+                    ),
+                ),
+            )
+            self.progress(
+                f"   {RESTORED} Running on PVC {new_pvc}: every agent resumed at "
+                "turns + 1 from the deleted task's checkpoint, then answered a "
+                "prompt"
+            )
 
         with self.step(
             "audit",
@@ -664,8 +698,12 @@ class Story:
         }
         result = subprocess.run(
             [*DRAINCTL, "audit", "--json", "--volumes", str(self.sandboxes)],
-            capture_output=True, text=True, timeout=120, check=False, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
         if result.returncode not in (0, 1):
             raise DemoFailure(f"drainctl audit failed: {result.stderr.strip()}")
         report = json.loads(result.stdout)
@@ -750,12 +788,16 @@ def run_story(
     ok = error is None and lost == 0 and not story.audit_findings
     if as_json:
         summary = Summary(
-            ok=ok, duration_secs=round(story.elapsed(), 2),
+            ok=ok,
+            duration_secs=round(story.elapsed(), 2),
             state_dir=None if state_dir is None else str(root),
-            steps=story.steps, checkpoints=story.checkpoints,
-            agents=sorted(story.turns.values(), key=lambda a: a.agent), lost_turns=lost,
-            audit_findings=story.audit_findings, error=error,
-        )  # fmt: skip
+            steps=story.steps,
+            checkpoints=story.checkpoints,
+            agents=sorted(story.turns.values(), key=lambda a: a.agent),
+            lost_turns=lost,
+            audit_findings=story.audit_findings,
+            error=error,
+        )
         echo(summary.as_json())
     else:
         echo("")

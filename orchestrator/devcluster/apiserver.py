@@ -168,9 +168,11 @@ class EmbeddedApiServer:
         snapshot = persistence.restore(self.emulator.state, path)
         log.info(
             "embedded api restored path=%s objects=%d resource_version=%s secs=%.3f",
-            path, len(snapshot.objects), self.emulator.state.resource_version,
+            path,
+            len(snapshot.objects),
+            self.emulator.state.resource_version,
             time.monotonic() - started,
-        )  # fmt: skip
+        )
 
     def _seed(self) -> None:
         """The seeded namespaces where missing, and the given CRDs created or, when a

@@ -7,8 +7,8 @@ cluster`` in another container of the compose stack — so this command first wa
 that API's kubeconfig to appear and for the API to answer (the two may start in any
 order, and either may restart), then, where the API serves the CSI snapshot CRDs,
 creates the stand-in driver's default VolumeSnapshotClass (``csi.ensure_snapshot_class``,
-as ``dev up`` does, so the operator's snapshots become ready instead of waiting out
-``DRAIN_SNAPSHOT_READY_TIMEOUT_SECS``), and runs the controller until SIGTERM or SIGINT:
+as ``dev up`` does, so the operator's snapshots are cut instead of waiting out
+``DRAIN_SNAPSHOT_CUT_TIMEOUT_SECS``), and runs the controller until SIGTERM or SIGINT:
 its daemons stopped on the way out, as a node's pods are.
 
 Failures a user can fix are :class:`DevClusterError`: a state dir that is not a
@@ -66,8 +66,14 @@ def wait_for_api(kubeconfig: Path, within: float, stopping: threading.Event) -> 
         if kubeconfig.exists():
             try:
                 kube_config.load_kube_config(config_file=str(kubeconfig))
-            except (yaml.YAMLError, ConfigException, OSError, ValueError, TypeError,
-                    AttributeError) as exc:  # fmt: skip
+            except (
+                yaml.YAMLError,
+                ConfigException,
+                OSError,
+                ValueError,
+                TypeError,
+                AttributeError,
+            ) as exc:
                 reason = " ".join(str(exc).split())
                 raise DevClusterError(
                     f"--kubeconfig {kubeconfig} cannot be read as a kubeconfig: {reason}"
@@ -122,8 +128,11 @@ async def run_attached_controller(state_dir: Path, kubeconfig: Path, *, wait_sec
         return
     if await asyncio.to_thread(snapshots_served):
         if await asyncio.to_thread(csi.ensure_snapshot_class):
-            log.info("snapshot_class_created name=%s driver=%s", csi.DEV_SNAPSHOT_CLASS,
-                     csi.DEV_CSI_DRIVER)  # fmt: skip
+            log.info(
+                "snapshot_class_created name=%s driver=%s",
+                csi.DEV_SNAPSHOT_CLASS,
+                csi.DEV_CSI_DRIVER,
+            )
     else:
         log.warning("snapshots_not_served api=%s reason=no VolumeSnapshotClass CRD", url)
     controller = SandboxController(state_dir)

@@ -15,8 +15,13 @@ runs the same code against the dev stack as against a cluster:
 - a VolumeSnapshot of a PVC (``spec.source.persistentVolumeClaimName``) whose class is
   this driver's (:data:`DEV_CSI_DRIVER`; the default-annotated class when it names none,
   which is then written into its spec, as the snapshot controller does) gets its copy,
-  a VolumeSnapshotContent ``snapcontent-<uid>`` and ``status.readyToUse: true``; a
-  source PVC that is missing or not provisioned yet gets ``status.error`` instead, and
+  a VolumeSnapshotContent ``snapcontent-<uid>`` and, as the external-snapshotter writes
+  them, ``status.creationTime`` and ``status.boundVolumeSnapshotContentName`` (it is
+  *cut*: its point in time is fixed) and ``status.readyToUse: true``. With a ready delay
+  (``drainctl dev up --snapshot-ready-delay``, as a real driver uploads a snapshot for
+  minutes) it is cut at once and ``readyToUse`` only once the delay has passed since its
+  content's ``creationTime`` (:func:`ready_due`); the copy is made at the cut either way.
+  A source PVC that is missing or not provisioned yet gets ``status.error`` instead, and
   is tried again on later polls. A class of another driver is left alone;
 - a PVC whose ``dataSource`` (or ``dataSourceRef``) is a VolumeSnapshot gets its volume
   filled from the snapshot's copy once the snapshot is ready; until then it has no
@@ -217,7 +222,8 @@ def plan_snapshot(
     is taken, being deleted, pre-provisioned, or another driver's)."""
     if _meta(snapshot).get("deletionTimestamp"):
         return None
-    if (snapshot.get("status") or {}).get("readyToUse") is True:
+    status = snapshot.get("status") or {}
+    if status.get("readyToUse") is True or cut(snapshot):
         return None  # taken: immutable from here on
     source = ((snapshot.get("spec") or {}).get("source") or {}).get("persistentVolumeClaimName")
     if not source:
@@ -235,6 +241,35 @@ def plan_snapshot(
             "it was not restored from a snapshot)"
         )
     return Take(snapshot_class, claim)
+
+
+def cut(snapshot: Mapping[str, Any]) -> bool:
+    """Whether ``snapshot`` is cut: bound to its content, with its ``creationTime``."""
+    status = snapshot.get("status") or {}
+    return bool(status.get("boundVolumeSnapshotContentName") and status.get("creationTime"))
+
+
+def ready_due(
+    snapshot: Mapping[str, Any],
+    contents: Mapping[str, Obj],
+    now: datetime.datetime,
+    ready_delay_secs: float,
+) -> bool:
+    """Whether this driver's cut snapshot is to be made ``readyToUse`` now: its content's
+    ``creationTime`` (nanoseconds, exact where the snapshot's is in seconds) is at least
+    ``ready_delay_secs`` ago."""
+    status = snapshot.get("status") or {}
+    if _meta(snapshot).get("deletionTimestamp") or status.get("readyToUse") is True:
+        return False
+    if not cut(snapshot):
+        return False
+    content = contents.get(str(status["boundVolumeSnapshotContentName"]))
+    if content is None or (content.get("spec") or {}).get("driver") != DEV_CSI_DRIVER:
+        return False
+    created = (content.get("status") or {}).get("creationTime")
+    if not isinstance(created, int):
+        return False
+    return _nanoseconds(now) - created >= ready_delay_secs * 10**9
 
 
 def restore_source(claim: Mapping[str, Any]) -> ObjectKey | None:
@@ -366,23 +401,26 @@ def build_content(snapshot: Mapping[str, Any], snapshot_class: Obj, claim: Obj) 
     }
 
 
-def content_status(handle: str, size_bytes: int, taken_at: datetime.datetime) -> Obj:
+def content_status(
+    handle: str, size_bytes: int, taken_at: datetime.datetime, *, ready: bool = True
+) -> Obj:
     return {
         "snapshotHandle": handle,
-        "readyToUse": True,
+        "readyToUse": ready,
         "restoreSize": size_bytes,
         "creationTime": _nanoseconds(taken_at),
     }
 
 
 def ready_status(
-    bound_content: str, taken_at: datetime.datetime, size: str | int
+    bound_content: str, taken_at: datetime.datetime, size: str | int, *, ready: bool = True
 ) -> dict[str, Any]:
-    """The VolumeSnapshot's status once taken (a merge patch: ``error`` is cleared)."""
+    """The VolumeSnapshot's status once taken (a merge patch: ``error`` is cleared): cut,
+    and ready unless its readiness is to come later."""
     return {
         "boundVolumeSnapshotContentName": bound_content,
         "creationTime": rfc3339(taken_at),
-        "readyToUse": True,
+        "readyToUse": ready,
         "restoreSize": size,
         "error": None,
     }
@@ -469,8 +507,10 @@ class HostPathDriver:
     """See the module. :meth:`converge` runs in a thread, once per poll of the stand-in
     Sandbox controller; :meth:`mount_blocker` before it starts a pod."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ready_delay_secs: float = 0.0) -> None:
         self.root = root
+        self.ready_delay_secs = ready_delay_secs
+        """How long after its cut a snapshot becomes ``readyToUse`` (0: at once)."""
         self._said: dict[str, str] = {}  # what was last logged about an object, said once
         self._takers = ThreadPoolExecutor(TAKERS, thread_name_prefix="csi-take")
 
@@ -481,11 +521,18 @@ class HostPathDriver:
         contents = _list_custom(SNAPSHOT_CONTENT_PLURAL)
         if snapshots is not None and classes is not None and contents is not None:
             provisioned = {key for key in claims if volume_dir(self.root, *key).is_dir()}
+            by_name = {str(_meta(c).get("name")): c for c in contents}
             # Each snapshot is its own copy and its own objects: taken side by side, so a
             # fan-out of deletions does not wait for its snapshots one API round trip at
             # a time.
-            list(self._takers.map(lambda snapshot: self._converge_snapshot(
-                snapshot, classes, claims, provisioned), snapshots))  # fmt: skip
+            list(
+                self._takers.map(
+                    lambda snapshot: self._converge_snapshot(
+                        snapshot, classes, claims, provisioned, by_name
+                    ),
+                    snapshots,
+                )
+            )
             self._collect(snapshots, contents)
         self._restore(claims, snapshots or [], contents or [])
         self._bind(claims)
@@ -509,6 +556,7 @@ class HostPathDriver:
         classes: list[Obj],
         claims: Mapping[ObjectKey, Obj],
         provisioned: set[ObjectKey],
+        contents: Mapping[str, Obj],
     ) -> None:
         about = _about("vs", object_key(snapshot))
         plan = plan_snapshot(snapshot, classes, claims, provisioned)
@@ -519,6 +567,8 @@ class HostPathDriver:
                     self._patch_snapshot_status(snapshot, error_status(plan.message, _now()))
             elif isinstance(plan, Take):
                 self._take(snapshot, plan)
+            elif ready_due(snapshot, contents, _now(), self.ready_delay_secs):
+                self._make_ready(snapshot)
         except ApiException as exc:
             # 404: gone since the list. Anything else is this snapshot's alone: the
             # others go on, and the next poll tries it again.
@@ -541,6 +591,7 @@ class HostPathDriver:
                 self._patch_snapshot_status(snapshot, error_status(message, _now()))
                 return
         taken_at = _now()
+        ready = self.ready_delay_secs <= 0
         class_name = _meta(plan.snapshot_class)["name"]
         if not (snapshot.get("spec") or {}).get("volumeSnapshotClassName"):
             self._patch_snapshot(snapshot, {"spec": {"volumeSnapshotClassName": class_name}})
@@ -553,33 +604,69 @@ class HostPathDriver:
                 SNAPSHOT_GROUP, SNAPSHOT_VERSION, SNAPSHOT_CONTENT_PLURAL, content
             )
         api.patch_cluster_custom_object_status(
-            SNAPSHOT_GROUP, SNAPSHOT_VERSION, SNAPSHOT_CONTENT_PLURAL, content_name(snapshot),
-            {"status": content_status(uid, size_bytes, taken_at)},
+            SNAPSHOT_GROUP,
+            SNAPSHOT_VERSION,
+            SNAPSHOT_CONTENT_PLURAL,
+            content_name(snapshot),
+            {"status": content_status(uid, size_bytes, taken_at, ready=ready)},
             _content_type=MERGE_PATCH,
-        )  # fmt: skip
-        status = ready_status(content_name(snapshot), taken_at, requested or size_bytes)
+        )
+        status = ready_status(
+            content_name(snapshot), taken_at, requested or size_bytes, ready=ready
+        )
         self._patch_snapshot_status(snapshot, status)
         self._said.pop(_about("vs", (namespace, name)), None)
         log.info(
-            "snapshot_taken snapshot=%s/%s pvc=%s class=%s copy=%s",
-            namespace, name, source.name, class_name, copy,
-        )  # fmt: skip
+            "snapshot_taken snapshot=%s/%s pvc=%s class=%s copy=%s ready=%s",
+            namespace,
+            name,
+            source.name,
+            class_name,
+            copy,
+            "now" if ready else f"in {self.ready_delay_secs:g}s",
+        )
+
+    def _make_ready(self, snapshot: Obj) -> None:
+        """A cut snapshot whose ready delay has passed: its content, then it, readyToUse
+        (in that order, as the external-snapshotter reports a content's readiness)."""
+        bound = str((snapshot.get("status") or {})["boundVolumeSnapshotContentName"])
+        client.CustomObjectsApi().patch_cluster_custom_object_status(
+            SNAPSHOT_GROUP,
+            SNAPSHOT_VERSION,
+            SNAPSHOT_CONTENT_PLURAL,
+            bound,
+            {"status": {"readyToUse": True}},
+            _content_type=MERGE_PATCH,
+        )
+        self._patch_snapshot_status(snapshot, {"readyToUse": True})
+        namespace, name = object_key(snapshot)
+        log.info("snapshot_ready snapshot=%s/%s content=%s", namespace, name, bound)
 
     @staticmethod
     def _patch_snapshot(snapshot: Obj, patch: Obj) -> None:
         namespace, name = object_key(snapshot)
         client.CustomObjectsApi().patch_namespaced_custom_object(
-            SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, SNAPSHOT_PLURAL, name, patch,
+            SNAPSHOT_GROUP,
+            SNAPSHOT_VERSION,
+            namespace,
+            SNAPSHOT_PLURAL,
+            name,
+            patch,
             _content_type=MERGE_PATCH,
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _patch_snapshot_status(snapshot: Obj, status: Obj) -> None:
         namespace, name = object_key(snapshot)
         client.CustomObjectsApi().patch_namespaced_custom_object_status(
-            SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, SNAPSHOT_PLURAL, name,
-            {"status": status}, _content_type=MERGE_PATCH,
-        )  # fmt: skip
+            SNAPSHOT_GROUP,
+            SNAPSHOT_VERSION,
+            namespace,
+            SNAPSHOT_PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )
 
     def _collect(self, snapshots: list[Obj], contents: list[Obj]) -> None:
         """Contents and then copies whose snapshot is gone (see :func:`contents_to_delete`

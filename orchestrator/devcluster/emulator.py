@@ -209,9 +209,11 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
             return self.state.list_objects(WatchQuery(served, None, None))[0]
 
         return authz.Policy.of(
-            stored(authz.ROLES), stored(authz.CLUSTER_ROLES),
-            stored(authz.ROLE_BINDINGS), stored(authz.CLUSTER_ROLE_BINDINGS),
-        )  # fmt: skip
+            stored(authz.ROLES),
+            stored(authz.CLUSTER_ROLES),
+            stored(authz.ROLE_BINDINGS),
+            stored(authz.CLUSTER_ROLE_BINDINGS),
+        )
 
     def _review(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """A SelfSubjectAccessReview, answered for the requesting user and not stored."""

@@ -87,6 +87,36 @@ def forbidden(message: str) -> kmock.KubernetesError:
     return api_error(403, "Forbidden", message)
 
 
+NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
+"""The cause type a real API server's NamespaceLifecycle admission gives a create refused
+in a namespace being deleted (``v1.NamespaceTerminatingCause``)."""
+
+
+def namespace_terminating(
+    resource: ServedResource, name: str, namespace: str
+) -> kmock.KubernetesError:
+    """A create in ``namespace``, which is being deleted, refused as the NamespaceLifecycle
+    admission refuses it: 403, the object named, and cause ``NamespaceTerminating``."""
+    return api_error(
+        403,
+        "Forbidden",
+        f'{resource.group_resource} "{name}" is forbidden: unable to create new content in '
+        f"namespace {namespace} because it is being terminated",
+        {
+            "name": name,
+            "group": resource.group,
+            "kind": resource.plural,
+            "causes": [
+                {
+                    "reason": NAMESPACE_TERMINATING_CAUSE,
+                    "message": f"namespace {namespace} is being terminated",
+                    "field": "metadata.namespace",
+                }
+            ],
+        },
+    )
+
+
 def method_not_allowed(
     message: str = "the server does not allow this method on the requested resource",
 ) -> kmock.KubernetesError:

@@ -185,5 +185,8 @@ class StateSaver:
         self._saved = version
         log.debug(
             "api_state_saved resource_version=%s bytes=%d encode_ms=%.1f write_ms=%.1f",
-            version, len(text), (encoded - started) * 1000, (time.monotonic() - encoded) * 1000,
-        )  # fmt: skip
+            version,
+            len(text),
+            (encoded - started) * 1000,
+            (time.monotonic() - encoded) * 1000,
+        )

@@ -149,8 +149,15 @@ def _secret(data: bytes) -> dict[str, Any]:
 
 def _self_subject_access_review(data: bytes) -> dict[str, Any]:
     """What ``kubectl auth can-i`` asks (``authz`` answers it)."""
-    resource = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource",
-                6: "subresource", 7: "name"}  # fmt: skip
+    resource = {
+        1: "namespace",
+        2: "verb",
+        3: "group",
+        4: "version",
+        5: "resource",
+        6: "subresource",
+        7: "name",
+    }
     spec: dict[str, Any] = {}
     for number, _, value in _fields(data):
         if number != 2 or not isinstance(value, bytes):
@@ -158,16 +165,20 @@ def _self_subject_access_review(data: bytes) -> dict[str, Any]:
         for part, _, attributes in _fields(value):
             if part == 1 and isinstance(attributes, bytes):
                 spec["resourceAttributes"] = {
-                    resource[n]: _text(v) for n, _, v in _fields(attributes)
+                    resource[n]: _text(v)
+                    for n, _, v in _fields(attributes)
                     if n in resource and _text(v)
-                }  # fmt: skip
+                }
             elif part == 2 and isinstance(attributes, bytes):
                 names = {1: "path", 2: "verb"}
                 spec["nonResourceAttributes"] = {
                     names[n]: _text(v) for n, _, v in _fields(attributes) if n in names
                 }
-    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": spec,
+    }
 
 
 _DECODERS: dict[tuple[str, str], Callable[[bytes], dict[str, Any]]] = {

@@ -214,8 +214,11 @@ def _pod_selector(obj: Mapping[str, Any], _: datetime.datetime) -> str:
 def builtin_resources() -> list[ServedResource]:
     """The built-ins: what the operator, the Sandbox stand-in and kubectl users touch."""
     age = age_column()
-    event_columns = (_computed("Last Seen", _event_last_seen), _column("Type", ".type"),
-                     _column("Reason", ".reason"))  # fmt: skip
+    event_columns = (
+        _computed("Last Seen", _event_last_seen),
+        _column("Type", ".type"),
+        _column("Reason", ".reason"),
+    )
     return [
         _core("namespaces", "Namespace", namespaced=False, short_names=("ns",),
               status_subresource=True, columns=(_column("Status", ".status.phase"), age)),

@@ -33,7 +33,8 @@ It also plays the cluster's CSI driver and external-snapshotter (``csi``, called
 start of every poll): a VolumeSnapshot of a PVC whose class is the stand-in driver's
 (``dev.caliban-drain.io/hostpath``, the class ``drainctl dev up`` creates) becomes a
 copy of the PVC's directory under ``<state>/snapshots/<snapshot uid>``, taken atomically
-and never changed again, with its VolumeSnapshotContent and ``readyToUse: true``; a PVC
+and never changed again, with its VolumeSnapshotContent, cut at once and ``readyToUse:
+true`` then or, with ``snapshot_ready_delay_secs``, that long after its cut; a PVC
 whose ``dataSource`` is such a snapshot gets a copy of it as its directory, and a pod that
 mounts that PVC is not started (it waits, like a Pending pod) until the copy is in
 place; a snapshot deleted takes its copy with it.
@@ -267,14 +268,21 @@ def empty_dir(state_dir: Path, sandbox_uid: str, volume: str) -> Path:
 
 
 class SandboxController:
-    def __init__(self, state_dir: Path, interval: float = 0.3, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        interval: float = 0.3,
+        env: dict[str, str] | None = None,
+        *,
+        snapshot_ready_delay_secs: float = 0.0,
+    ):
         self.state_dir = state_dir
         self.interval = interval
         self.env = env or {}
         self.pods: dict[str, Pod] = {}
         self.stopping = asyncio.Event()
         self.woken = asyncio.Event()
-        self.driver = csi.HostPathDriver(state_dir)
+        self.driver = csi.HostPathDriver(state_dir, snapshot_ready_delay_secs)
         self._waiting: dict[str, str] = {}  # Sandbox uid → why its pod waits, logged once
         self._reported: dict[str, dict[str, Any]] = {}  # Sandbox uid → the status written
         self._init_backoff: dict[str, float] = {}  # Sandbox uid → when its init may rerun
@@ -310,8 +318,11 @@ class SandboxController:
         stopping = asyncio.ensure_future(self.stopping.wait())
         woken = asyncio.ensure_future(self.woken.wait())
         try:
-            await asyncio.wait({stopping, woken}, timeout=max(deadline - time.monotonic(), 0),
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            await asyncio.wait(
+                {stopping, woken},
+                timeout=max(deadline - time.monotonic(), 0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             stopping.cancel()
             woken.cancel()
@@ -360,8 +371,10 @@ class SandboxController:
         if version is not None:
             await self.report_status(version, listed, set(wanted))
         await self.collect_volumes()
-        await asyncio.to_thread(self.sync_pod_objects, [p.manifest for p in self.pods.values()
-                                                        if p.manifest is not None])  # fmt: skip
+        await asyncio.to_thread(
+            self.sync_pod_objects,
+            [p.manifest for p in self.pods.values() if p.manifest is not None],
+        )
 
     async def report_status(
         self, version: str, sandboxes: list[dict[str, Any]], wanted: set[str]
@@ -382,16 +395,21 @@ class SandboxController:
             else:
                 waiting = self._waiting.get(key) or "the pod is starting"
                 ready = ("False", "DependenciesNotReady", waiting)
-            status = sandbox_status(meta["name"], meta["namespace"], ready,
-                                    running=pod is not None, version=version)  # fmt: skip
+            status = sandbox_status(
+                meta["name"], meta["namespace"], ready, running=pod is not None, version=version
+            )
             if self._reported.get(key) == status:
                 continue
             try:
                 await asyncio.to_thread(
                     client.CustomObjectsApi().patch_namespaced_custom_object_status,
-                    SANDBOX_GROUP, version, meta["namespace"], SANDBOX_PLURAL, meta["name"],
+                    SANDBOX_GROUP,
+                    version,
+                    meta["namespace"],
+                    SANDBOX_PLURAL,
+                    meta["name"],
                     {"status": status},
-                )  # fmt: skip
+                )
             except ApiException as exc:
                 if exc.status != 404:  # gone since it was listed
                     raise
@@ -450,8 +468,11 @@ class SandboxController:
                     self._waiting[key] = blocker
                     log.info(
                         "sandbox_pod_waiting sandbox=%s/%s pvc=%s reason=%r",
-                        namespace, name, claim, blocker,
-                    )  # fmt: skip
+                        namespace,
+                        name,
+                        claim,
+                        blocker,
+                    )
                 return  # like a Pending pod: tried again on the next poll
         try:
             environments = [
@@ -470,10 +491,13 @@ class SandboxController:
             argv = self._argv(init, self._local_mounts(key, namespace, init, volumes))
             with log_path.open("ab") as out:
                 process = await asyncio.create_subprocess_exec(
-                    *argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                    env={**os.environ, **self.env, **init_env}, start_new_session=True,
+                    *argv,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env={**os.environ, **self.env, **init_env},
+                    start_new_session=True,
                     preexec_fn=dying_with_this_process(signal.SIGKILL),
-                )  # fmt: skip
+                )
                 code = await process.wait()
             if code != 0:
                 # Like Init:Error then Init:CrashLoopBackOff: the pod does not start; the
@@ -489,13 +513,21 @@ class SandboxController:
         argv, env = self.own_metrics_port(namespace, name, argv, env)
         with log_path.open("ab") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "worker_agent.reaper", "--", *argv,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True,
+                sys.executable,
+                "-m",
+                "worker_agent.reaper",
+                "--",
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
                 preexec_fn=dying_with_this_process(reaper.KILL_TREE),
-            )  # fmt: skip
+            )
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
-        self.pods[key] = Pod(f"{namespace}/{name}", process, grace, claims,
-                             manifest=pod_manifest(sandbox, pod_spec))  # fmt: skip
+        self.pods[key] = Pod(
+            f"{namespace}/{name}", process, grace, claims, manifest=pod_manifest(sandbox, pod_spec)
+        )
         log.info("sandbox_pod_started sandbox=%s/%s pid=%d", namespace, name, process.pid)
 
     async def _pod_waits(self, key: str, sandbox: dict[str, Any], reason: str, why: str) -> None:
@@ -507,12 +539,16 @@ class SandboxController:
         meta = sandbox["metadata"]
         log.warning(
             "sandbox_pod_waiting sandbox=%s/%s reason=%s message=%r",
-            meta["namespace"], meta["name"], reason, why,
-        )  # fmt: skip
+            meta["namespace"],
+            meta["name"],
+            reason,
+            why,
+        )
         event = pod_event(sandbox, reason, why)
         with contextlib.suppress(ApiException):
-            await asyncio.to_thread(client.CoreV1Api().create_namespaced_event,
-                                    meta["namespace"], event)  # fmt: skip
+            await asyncio.to_thread(
+                client.CoreV1Api().create_namespaced_event, meta["namespace"], event
+            )
 
     def _local_mounts(
         self, key: str, namespace: str, container: dict[str, Any], volumes: dict[str, Any]
@@ -545,8 +581,11 @@ class SandboxController:
         argv = [f"--metrics-port={port}" if a.startswith("--metrics-port=") else a for a in argv]
         if "--metrics-port" in argv[:-1]:
             argv[argv.index("--metrics-port") + 1] = str(port)
-        env = {**env, "DRAIN_DAEMON_METRICS_PORT": str(port),
-               "DRAIN_DAEMON_METRICS_HOST": "127.0.0.1"}  # fmt: skip
+        env = {
+            **env,
+            "DRAIN_DAEMON_METRICS_PORT": str(port),
+            "DRAIN_DAEMON_METRICS_HOST": "127.0.0.1",
+        }
         where = self.state_dir / DAEMON_METRICS_DIR
         where.mkdir(parents=True, exist_ok=True)
         (where / f"{namespace}.{name}").write_text(f"http://127.0.0.1:{port}/metrics\n")
@@ -592,8 +631,9 @@ class SandboxController:
         shown = {(p.metadata.namespace, p.metadata.name) for p in listed.items}
         for namespace, name in shown - set(wanted):
             with contextlib.suppress(ApiException):
-                api.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}},
-                                         _content_type=MERGE_PATCH)  # fmt: skip
+                api.patch_namespaced_pod(
+                    name, namespace, {"metadata": {"finalizers": None}}, _content_type=MERGE_PATCH
+                )
             with contextlib.suppress(ApiException):
                 api.delete_namespaced_pod(name, namespace)
         for (namespace, _), manifest in wanted.items():
@@ -607,9 +647,11 @@ class SandboxController:
                 continue
             with contextlib.suppress(ApiException):
                 api.patch_namespaced_pod_status(
-                    manifest["metadata"]["name"], namespace, {"status": {"phase": "Running"}},
+                    manifest["metadata"]["name"],
+                    namespace,
+                    {"status": {"phase": "Running"}},
                     _content_type=MERGE_PATCH,
-                )  # fmt: skip
+                )
 
     async def collect_volumes(self) -> None:
         root = self.state_dir / csi.VOLUMES_DIR

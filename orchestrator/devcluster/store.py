@@ -28,7 +28,6 @@ import collections
 import copy
 import datetime
 import logging
-import re
 import secrets
 import time
 import uuid
@@ -40,6 +39,7 @@ import kmock
 
 from orchestrator.devcluster import conversion, errors, patching, resources, schema, selectors
 from orchestrator.devcluster.resources import ResourceKey, ServedResource
+from worker_agent.k8s_names import is_dns_label, is_dns_subdomain
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ StoredKey = tuple[kmock.resource, str | None, str]
 
 PROPAGATION_POLICIES = ("Background", "Foreground", "Orphan")
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -172,10 +170,10 @@ class ClusterState:
         if not isinstance(meta, dict):
             meta = obj["metadata"] = {}
         namespace = self._object_namespace(resource, namespace, meta)
-        if namespace is not None:
-            self._require_namespace(namespace)
         storage = self.registry.storage_of(resource)
         name = meta.get("name") or self._generate_name(storage, namespace, meta)
+        if namespace is not None:
+            self._require_namespace(namespace, resource, name)
         self._validate_name(resource, name)
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         if resource.status_subresource:
@@ -492,7 +490,7 @@ class ClusterState:
         meta["namespace"] = namespace
         return str(namespace)
 
-    def _require_namespace(self, namespace: str) -> None:
+    def _require_namespace(self, namespace: str, resource: ServedResource, name: str) -> None:
         """New objects need a namespace that exists and is not being deleted."""
         ns_resource = self.registry.lookup(*resources.NAMESPACES)
         assert ns_resource is not None  # a built-in, always served
@@ -500,10 +498,7 @@ class ClusterState:
         if found is None:
             raise errors.not_found(ns_resource, namespace)
         if found["metadata"].get("deletionTimestamp"):
-            raise errors.forbidden(
-                f"unable to create new content in namespace {namespace} because it is being "
-                "terminated"
-            )
+            raise errors.namespace_terminating(resource, name, namespace)
 
     def _generate_name(
         self, storage: ServedResource, namespace: str | None, meta: Mapping[str, Any]
@@ -520,8 +515,8 @@ class ClusterState:
 
     def _validate_name(self, resource: ServedResource, name: Any) -> None:
         is_namespace = resource.storage_key == resources.NAMESPACES
-        pattern, limit = (_LABEL, 63) if is_namespace else (_SUBDOMAIN, 253)
-        if not isinstance(name, str) or len(name) > limit or not pattern.match(name):
+        valid = is_dns_label if is_namespace else is_dns_subdomain
+        if not valid(name):
             what = "RFC 1123 label" if is_namespace else "RFC 1123 subdomain"
             cause = schema.FieldError(
                 "metadata.name",
@@ -644,8 +639,9 @@ class ClusterState:
             uid = moved["metadata"].get("uid")
             if uid:
                 self._uids[uid] = new_key
-            log.info("stored again name=%s/%s from=%s to=%s", key[1] or "", key[2],
-                     stored_as[1], version)  # fmt: skip
+            log.info(
+                "stored again name=%s/%s from=%s to=%s", key[1] or "", key[2], stored_as[1], version
+            )
 
     def _update(
         self,

@@ -235,10 +235,17 @@ def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str
         if crd["metadata"]["name"] == SANDBOX_CRD and sandbox_storage == "v1alpha1":
             spec = crd["spec"]
             spec["versions"] = [
-                {**{k: v for k, v in version.items()
-                    if k not in ("deprecated", "deprecationWarning")}, "storage": True}
-                for version in spec["versions"] if version["name"] == "v1alpha1"
-            ]  # fmt: skip
+                {
+                    **{
+                        k: v
+                        for k, v in version.items()
+                        if k not in ("deprecated", "deprecationWarning")
+                    },
+                    "storage": True,
+                }
+                for version in spec["versions"]
+                if version["name"] == "v1alpha1"
+            ]
             spec["conversion"] = {"strategy": "None"}
     return crds
 
@@ -275,9 +282,11 @@ async def run_dev_up(
     operator: bool = True,
     rbac: Path | None = None,
     record_requests: Path | None = None,
+    snapshot_ready_delay_secs: float = 0.0,
 ) -> None:
     """Run the stack until SIGTERM/SIGINT; both paths must be absolute; ``snapshots``:
-    serve CSI volume snapshots (see the module); ``operator`` False: no operator (the
+    serve CSI volume snapshots (see the module), each ``readyToUse`` only
+    ``snapshot_ready_delay_secs`` after its cut; ``operator`` False: no operator (the
     user runs their own, e.g. two replicas with ``--peering``); ``rbac``,
     ``record_requests``: see the module. Raises
     :class:`DevClusterError` for what the user can fix (a state file that cannot be
@@ -296,8 +305,9 @@ async def run_dev_up(
         embedded = KeptProcess(
             "embedded broker",
             [sys.executable, "-m", "orchestrator.devcluster.broker", "--port", str(embedded_port)],
-            env, logs / "broker.log",
-        )  # fmt: skip
+            env,
+            logs / "broker.log",
+        )
         embedded.start()
         try:
             await asyncio.to_thread(broker.wait_serving, embedded_port)
@@ -327,12 +337,14 @@ async def run_dev_up(
         kube_config.load_kube_config_from_dict(kubeconfig_document(api.url))
         if snapshots:
             if await asyncio.to_thread(csi.ensure_snapshot_class):
-                log.info("snapshot_class_created name=%s driver=%s", csi.DEV_SNAPSHOT_CLASS,
-                         csi.DEV_CSI_DRIVER)  # fmt: skip
+                log.info(
+                    "snapshot_class_created name=%s driver=%s",
+                    csi.DEV_SNAPSHOT_CLASS,
+                    csi.DEV_CSI_DRIVER,
+                )
         else:
             for name in await asyncio.to_thread(withdraw_snapshot_crds):
-                log.warning("crd_removed name=%s reason=--no-snapshots (its objects with it)",
-                            name)  # fmt: skip
+                log.warning("crd_removed name=%s reason=--no-snapshots (its objects with it)", name)
         if rbac is not None:
             await asyncio.to_thread(apply_manifests, rbac)
         operator_env = env
@@ -343,25 +355,41 @@ async def run_dev_up(
         cli = [sys.executable, "-m", "orchestrator.cli"]
         served = {"operator": broker.free_port(), "worker": broker.free_port()}
         worker = KeptProcess(
-            "orchestrator worker", [*cli, "worker", "--metrics-port", str(served["worker"])],
-            env, logs / "worker.log",
-        )  # fmt: skip
+            "orchestrator worker",
+            [*cli, "worker", "--metrics-port", str(served["worker"])],
+            env,
+            logs / "worker.log",
+        )
         operator_env = {**operator_env, "DRAIN_METRICS_PORT": str(served["operator"])}
         operator_process = KeptProcess(
-            "operator", [*cli, "operator", "--manage-sandbox"], operator_env,
+            "operator",
+            [*cli, "operator", "--manage-sandbox"],
+            operator_env,
             logs / "operator.log",
-        )  # fmt: skip
-        controller = SandboxController(state_dir / SANDBOXES_DIR, env=env)
+        )
+        controller = SandboxController(
+            state_dir / SANDBOXES_DIR, env=env, snapshot_ready_delay_secs=snapshot_ready_delay_secs
+        )
         metrics_port = served["audit"] = broker.free_port()
         urls = {what: f"http://{broker.HOST}:{port}/metrics" for what, port in served.items()}
         (state_dir / METRICS_FILE).write_text(json.dumps(urls, indent=2) + "\n")
         auditor = KeptProcess(
             "auditor",
-            [*cli, "audit", "--every", env.get("DRAIN_AUDIT_INTERVAL_SECS", "60"),
-             "--volumes", str(state_dir / SANDBOXES_DIR), "--metrics-port", str(metrics_port),
-             "--report-file", str(state_dir / AUDIT_REPORT_FILE)],
-            env, logs / "audit.log",
-        )  # fmt: skip
+            [
+                *cli,
+                "audit",
+                "--every",
+                env.get("DRAIN_AUDIT_INTERVAL_SECS", "60"),
+                "--volumes",
+                str(state_dir / SANDBOXES_DIR),
+                "--metrics-port",
+                str(metrics_port),
+                "--report-file",
+                str(state_dir / AUDIT_REPORT_FILE),
+            ],
+            env,
+            logs / "audit.log",
+        )
         worker.start()
         if operator:
             operator_process.start()
@@ -375,9 +403,14 @@ async def run_dev_up(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        ready = (
+            f"readyToUse {snapshot_ready_delay_secs:g}s after the cut"
+            if snapshot_ready_delay_secs > 0
+            else "readyToUse at the cut"
+        )
         snapshot_line = (
-            f"VolumeSnapshotClass {csi.DEV_SNAPSHOT_CLASS} (the default); snapshot copies in "
-            f"{state_dir / SANDBOXES_DIR / csi.SNAPSHOTS_DIR}"
+            f"VolumeSnapshotClass {csi.DEV_SNAPSHOT_CLASS} (the default; {ready}); snapshot "
+            f"copies in {state_dir / SANDBOXES_DIR / csi.SNAPSHOTS_DIR}"
             if snapshots
             else "no CSI volume snapshots (--no-snapshots)"
         )

@@ -32,6 +32,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -109,6 +110,12 @@ AGENT_ID_MAX = 64
 """The daemon's agent ids are at most 64 characters (``worker_agent.store.AGENT_ID``)."""
 IDEMPOTENCY_KEY_MAX = 255
 UNAVAILABLE_MAX = 500
+
+SNAPSHOT_UNSETTLED = (
+    "snapshot_name IS NOT NULL AND snapshot_ready_at IS NULL AND snapshot_error IS NULL"
+)
+"""A checkpoint whose snapshot was asked for and is neither ready nor failed: one the
+operator follows (``ix_checkpoints_snapshot_unsettled``, migration 0010)."""
 
 # Every constraint and index has a deterministic name, so later migrations can address
 # them, including SQLite's batch mode, which recreates tables by name.
@@ -219,6 +226,14 @@ class Checkpoint(Base):
             "created_at",
             "id",
         ),
+        # The snapshots the operator still follows (asked for or cut, neither ready nor
+        # failed): a few rows among millions, read every few seconds.
+        Index(
+            "ix_checkpoints_snapshot_unsettled",
+            "id",
+            postgresql_where=text(SNAPSHOT_UNSETTLED),
+            sqlite_where=text(SNAPSHOT_UNSETTLED),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=True)
@@ -240,10 +255,14 @@ class Checkpoint(Base):
     """Why the checkpoint can no longer be restored (its workspace is gone), or None."""
     snapshot_name: Mapped[str | None] = mapped_column(String(NAME_MAX))
     """The VolumeSnapshot of the workspace taken for this checkpoint (its namespace's)."""
+    snapshot_cut_at: Mapped[datetime | None]
+    """When the snapshot was cut (its ``creationTime``: its point in time fixed, its data
+    perhaps still uploading); None before, or on a row recorded before migration 0010."""
     snapshot_ready_at: Mapped[datetime | None]
     """When the snapshot was seen ``readyToUse``; a restore uses only a ready snapshot."""
     snapshot_error: Mapped[str | None] = mapped_column(String(UNAVAILABLE_MAX))
-    """Why the snapshot failed (never ready in time); the retained PVC is all there is."""
+    """Why the snapshot failed (not cut, or not ready, in time); the retained PVC is all
+    there is."""
 
     agents: Mapped[list[CheckpointAgent]] = relationship(
         order_by="CheckpointAgent.agent_id",

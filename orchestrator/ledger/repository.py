@@ -26,19 +26,31 @@ ref per agent; what fits its columns).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
+import operator
 import re
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import Field, dataclass, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Select,
+    create_engine,
+    event,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
@@ -63,6 +75,7 @@ from orchestrator.ledger.models import (
     OperationKind,
     OperationState,
 )
+from worker_agent.k8s_names import is_dns_label
 from worker_agent.proto import ResumeRef
 
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
@@ -70,15 +83,21 @@ SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 SQLITE_BUSY_TIMEOUT_SECS = 30.0
 """How long a SQLite transaction waits for another writer before "database is locked"."""
 
-LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-"""A Kubernetes label value as checkpoint refs use it (lower case; at most 63 characters)."""
 
 CHECKPOINT_REF_PREFIX = "ckpt-"
-AUDIT_IN_BATCH = 500
-"""Names per ``IN (...)`` of an audit read, well inside every backend's parameter limit."""
+IN_LIST_MAX = 500
+"""The most values one ``IN (…)`` of the ledger carries (``_in_chunks``). Callers ask
+about collections of any size (an audit: every PVC of the cluster), and every value is a
+bound parameter (a (namespace, name) pair is two), which both backends cap per
+statement: PostgreSQL at 65,535 (its protocol counts them in 16 bits), SQLite at 32,766
+since 3.32 (999 before, so a full list of pairs needs 3.32). A longer collection is read
+in several statements of the one transaction."""
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 _E = TypeVar("_E", bound=StrEnum)
+_T = TypeVar("_T")
+_View = TypeVar("_View", bound="_Dataclass")
+_Select = TypeVar("_Select", bound="Select[*tuple[Any, ...]]")
 
 
 # ------------------------------------------------------------------------------ errors
@@ -258,6 +277,8 @@ class CheckpointView:
     snapshot_ready_at: datetime | None = None
     snapshot_error: str | None = None
     """Why the snapshot failed; the checkpoint then has only its retained PVC."""
+    snapshot_cut_at: datetime | None = None
+    """When the snapshot was cut (its point in time fixed); it is restorable once ready."""
 
     @property
     def available(self) -> bool:
@@ -267,6 +288,43 @@ class CheckpointView:
     def snapshot(self) -> str | None:
         """The checkpoint's ready VolumeSnapshot: what a restore copies, or None."""
         return self.snapshot_name if self.snapshot_ready_at is not None else None
+
+    @property
+    def snapshot_pending(self) -> bool:
+        """Whether its snapshot was asked for and is neither ready nor failed yet (cut or
+        not: ``snapshot_cut_at`` says): a restore of it waits for it."""
+        return (
+            self.snapshot_name is not None
+            and self.snapshot_ready_at is None
+            and self.snapshot_error is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UnsettledSnapshotView:
+    """A checkpoint whose snapshot is asked for and neither ready nor failed, as the
+    operator's snapshot follower reads it (``Ledger.unsettled_snapshots``)."""
+
+    id: int
+    ref: str
+    task_uid: str
+    namespace: str
+    name: str
+    pvc_name: str | None
+    created_at: datetime
+    snapshot_name: str
+    snapshot_cut_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMove:
+    """What to record of checkpoint ``ref``'s snapshot (``Ledger.move_snapshots``): cut
+    at ``cut_at``, ready at ``ready_at`` (cut then too), or failed for ``error``."""
+
+    ref: str
+    cut_at: datetime | None = None
+    ready_at: datetime | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,10 +499,15 @@ class Ledger:
         ``ValueError``, never silently answered with the wrong row.
         """
         new = NewOperation(
-            kind, task_uid=task_uid, namespace=namespace, name=name,
-            idempotency_key=idempotency_key, grace_secs=grace_secs,
-            checkpoint_ref=checkpoint_ref, deadline_at=deadline_at,
-        )  # fmt: skip
+            kind,
+            task_uid=task_uid,
+            namespace=namespace,
+            name=name,
+            idempotency_key=idempotency_key,
+            grace_secs=grace_secs,
+            checkpoint_ref=checkpoint_ref,
+            deadline_at=deadline_at,
+        )
         return self.begin_operations([new])[0]
 
     def begin_operations(self, new: Sequence[NewOperation]) -> list[OperationView]:
@@ -456,8 +519,7 @@ class Ledger:
         try:
             with self._sessions.begin() as session:
                 by_key: dict[str, OperationView] = {}
-                for start in range(0, len(keys), AUDIT_IN_BATCH):
-                    chunk = keys[start : start + AUDIT_IN_BATCH]
+                for chunk in _in_chunks(keys):
                     found = select(Operation).where(Operation.idempotency_key.in_(chunk))
                     by_key.update(
                         (r.idempotency_key, _operation_view(r)) for r in session.scalars(found)
@@ -494,8 +556,7 @@ class Ledger:
         wanted = list(dict.fromkeys(op_ids))
         found: dict[str, OperationView] = {}
         with self._reads.begin() as session:
-            for start in range(0, len(wanted), AUDIT_IN_BATCH):
-                chunk = wanted[start : start + AUDIT_IN_BATCH]
+            for chunk in _in_chunks(wanted):
                 rows = session.scalars(select(Operation).where(Operation.id.in_(chunk)))
                 found.update((row.id, _operation_view(row)) for row in rows)
         return found
@@ -508,8 +569,7 @@ class Ledger:
         wanted = list(dict.fromkeys(op_ids))
         found: dict[str, OperationState] = {}
         with self._reads.begin() as session:
-            for start in range(0, len(wanted), AUDIT_IN_BATCH):
-                chunk = wanted[start : start + AUDIT_IN_BATCH]
+            for chunk in _in_chunks(wanted):
                 rows = session.execute(
                     select(Operation.id, Operation.state).where(Operation.id.in_(chunk))
                 )
@@ -521,6 +581,25 @@ class Ledger:
             row = session.scalar(
                 select(Operation).where(Operation.idempotency_key == idempotency_key)
             )
+            return None if row is None else _operation_view(row)
+
+    def last_lifecycle_operation(self, task_uid: str) -> OperationView | None:
+        """The newest operation of task ``task_uid`` other than its deletion's own (a
+        delete drain, a forced checkpoint): what the task was last doing, as the ledger
+        saw it, whatever its status says."""
+        query = (
+            select(Operation)
+            .where(
+                Operation.task_uid == task_uid,
+                Operation.kind.not_in(
+                    [OperationKind.DELETE_DRAIN.value, OperationKind.FORCE_DELETE.value]
+                ),
+            )
+            .order_by(Operation.created_at.desc(), Operation.id.desc())
+            .limit(1)
+        )
+        with self._sessions.begin() as session:
+            row = session.scalar(query)
             return None if row is None else _operation_view(row)
 
     def list_operations(
@@ -733,12 +812,7 @@ class Ledger:
         operator finding the same, changes nothing."""
         reason = _text("reason", reason, max_len=None)[:UNAVAILABLE_MAX]
         with self._sessions.begin() as session:
-            row = session.scalar(
-                select(Checkpoint)
-                .where(Checkpoint.ref == ref)
-                .options(selectinload(Checkpoint.agents))
-                .with_for_update()
-            )
+            row = _lock_checkpoint(session, ref)
             if row is None:
                 return None
             if row.unavailable is None:
@@ -770,20 +844,35 @@ class Ledger:
 
     def mark_workspace_gone(self, namespace: str, pvc_name: str, reason: str) -> list[str]:
         """Say every restorable checkpoint whose only workspace is PVC
-        ``namespace/pvc_name`` (no ready snapshot) can no longer be restored, because
-        that PVC is being deleted; the refs so marked. A checkpoint with a ready
-        snapshot keeps it and stays restorable."""
+        ``namespace/pvc_name`` (no snapshot, or a failed one) can no longer be restored,
+        because that PVC is being deleted; the refs so marked. A checkpoint with a ready
+        snapshot keeps it and stays restorable, and so does one whose snapshot is still
+        on its way."""
+        return self._mark_restorable_unavailable(
+            reason,
+            Checkpoint.namespace == namespace,
+            Checkpoint.pvc_name == pvc_name,
+            Checkpoint.snapshot_ready_at.is_(None),
+            # A snapshot on its way holds the workspace as the checkpoint left it (the
+            # external-snapshotter postpones removing its source PVC until it is ready);
+            # should it fail after all, the operator marks the checkpoint then.
+            or_(Checkpoint.snapshot_name.is_(None), Checkpoint.snapshot_error.is_not(None)),
+        )
+
+    def mark_namespace_gone(self, namespace: str, reason: str) -> list[str]:
+        """Say every restorable checkpoint of a task in ``namespace`` can no longer be
+        restored, because the namespace is being deleted and its workspace PVCs and
+        VolumeSnapshots go with it (a restore reads them only from its own namespace);
+        the refs so marked."""
+        return self._mark_restorable_unavailable(reason, Checkpoint.namespace == namespace)
+
+    def _mark_restorable_unavailable(self, reason: str, *where: ColumnElement[bool]) -> list[str]:
+        """Say every restorable checkpoint that matches ``where`` can no longer be
+        restored, for ``reason``, locking their rows; the refs so marked."""
         reason = _text("reason", reason, max_len=None)[:UNAVAILABLE_MAX]
         with self._sessions.begin() as session:
             rows = session.scalars(
-                select(Checkpoint)
-                .where(
-                    Checkpoint.namespace == namespace,
-                    Checkpoint.pvc_name == pvc_name,
-                    Checkpoint.unavailable.is_(None),
-                    Checkpoint.snapshot_ready_at.is_(None),
-                )
-                .with_for_update()
+                select(Checkpoint).where(*where, Checkpoint.unavailable.is_(None)).with_for_update()
             ).all()
             for row in rows:
                 row.unavailable = reason
@@ -794,28 +883,22 @@ class Ledger:
         ref: str,
         name: str | None,
         *,
+        cut_at: datetime | None = None,
         ready_at: datetime | None = None,
         error: str | None = None,
     ) -> CheckpointView | None:
         """Say checkpoint ``ref``'s workspace snapshot is VolumeSnapshot ``name``: asked
-        for (neither ``ready_at`` nor ``error``), ready since ``ready_at``, or failed with
-        ``error`` (``name`` None: none could be asked for, and ``error`` says why); None
-        for an unknown ref. A checkpoint has one snapshot: another name is refused, and
-        once ready or failed the outcome is kept."""
+        for (no moment, no error), cut at ``cut_at``, ready since ``ready_at`` (and cut
+        by then), or failed with ``error`` (``name`` None: none could be asked for, and
+        ``error`` says why); None for an unknown ref. A checkpoint has one snapshot:
+        another name is refused, and once ready or failed the outcome is kept."""
         if name is not None:
             name = _text("snapshot name", name, max_len=NAME_MAX)
-        elif error is None or ready_at is not None:
+        elif error is None or ready_at is not None or cut_at is not None:
             raise ValueError("a snapshot without a name is one that failed: give its error")
-        ready_at = _aware("ready_at", ready_at)
-        if error is not None:
-            error = _text("error", error, max_len=None)[:UNAVAILABLE_MAX]
+        move = _snapshot_move(SnapshotMove(ref, cut_at, ready_at, error))
         with self._sessions.begin() as session:
-            row = session.scalar(
-                select(Checkpoint)
-                .where(Checkpoint.ref == ref)
-                .options(selectinload(Checkpoint.agents))
-                .with_for_update()
-            )
+            row = _lock_checkpoint(session, ref)
             if row is None:
                 return None
             if name is not None and row.snapshot_name not in (None, name):
@@ -823,10 +906,57 @@ class Ledger:
                     f"checkpoint {ref} already has snapshot {row.snapshot_name}, not {name}"
                 )
             row.snapshot_name = row.snapshot_name or name
-            if row.snapshot_ready_at is None and row.snapshot_error is None:
-                row.snapshot_ready_at = ready_at
-                row.snapshot_error = None if ready_at is not None else error
+            _move_snapshot(row, move)
             return _checkpoint_view(row)
+
+    def unsettled_snapshots(
+        self, after_id: int = 0, limit: int = 500
+    ) -> list[UnsettledSnapshotView]:
+        """Up to ``limit`` checkpoints after id ``after_id``, in id order, whose snapshot
+        is asked for and neither ready nor failed: what the operator follows (a partial
+        index holds exactly these rows, so the read costs what they are, not the
+        ledger's size)."""
+        if limit < 1:
+            raise ValueError("limit must be a positive integer")
+        query = _unsettled_snapshots_query(after_id, limit)
+        with self._sessions.begin() as session:
+            return [
+                UnsettledSnapshotView(
+                    row.id,
+                    row.ref,
+                    row.task_uid,
+                    row.namespace,
+                    row.name,
+                    row.pvc_name,
+                    row.created_at,
+                    str(row.snapshot_name),
+                    row.snapshot_cut_at,
+                )
+                for row in session.execute(query)
+            ]
+
+    def move_snapshots(self, moves: Sequence[SnapshotMove]) -> list[CheckpointView]:
+        """Record each of ``moves`` (one transaction, rows locked in ref order); the
+        checkpoints this call changed, as they are now. A snapshot already ready or failed
+        keeps its outcome, so of two processes recording one outcome, exactly one gets
+        the checkpoint back: the one that says so."""
+        wanted = {m.ref: _snapshot_move(m) for m in moves}
+        if not wanted:
+            return []
+        changed: list[CheckpointView] = []
+        with self._sessions.begin() as session:
+            for chunk in _in_chunks(sorted(wanted)):
+                rows = session.scalars(
+                    select(Checkpoint)
+                    .where(Checkpoint.ref.in_(chunk), Checkpoint.snapshot_name.is_not(None))
+                    .options(selectinload(Checkpoint.agents))
+                    .order_by(Checkpoint.ref)
+                    .with_for_update()
+                ).all()
+                for row in rows:
+                    if _move_snapshot(row, wanted[row.ref]):
+                        changed.append(_checkpoint_view(row))
+        return changed
 
     def newest_checkpoint_of_pvc(self, namespace: str, pvc_name: str) -> CheckpointView | None:
         """The newest checkpoint recorded of workspace PVC ``namespace/pvc_name``: the only
@@ -964,12 +1094,8 @@ class Ledger:
 
     def available_checkpoints_after(self, after_id: int, limit: int) -> list[CheckpointView]:
         """Up to ``limit`` restorable checkpoints with an id above ``after_id``, by id."""
-        query = (
-            select(Checkpoint)
-            .options(selectinload(Checkpoint.agents))
-            .where(Checkpoint.unavailable.is_(None), Checkpoint.id > after_id)
-            .order_by(Checkpoint.id)
-            .limit(_limit(limit))
+        query = _restorable_page(
+            select(Checkpoint).options(selectinload(Checkpoint.agents)), after_id, limit
         )
         with self._sessions.begin() as session:
             return [_checkpoint_view(row) for row in session.scalars(query)]
@@ -978,13 +1104,8 @@ class Ledger:
         """Up to ``limit`` restorable checkpoints with an id above ``after_id``, by id, as
         the storage they hold: one narrow query, no agents, no ORM objects (a prune reads
         every restorable checkpoint of the ledger)."""
-        columns = [getattr(Checkpoint, f) for f in CheckpointStorageView.__dataclass_fields__]
-        query = (
-            select(*columns)
-            .where(Checkpoint.unavailable.is_(None), Checkpoint.id > after_id)
-            .order_by(Checkpoint.id)
-            .limit(_limit(limit))
-        )
+        columns = [getattr(Checkpoint, name) for name in _field_names(CheckpointStorageView)]
+        query = _restorable_page(select(*columns), after_id, limit)
         with self._sessions.begin() as session:
             return [CheckpointStorageView(*row) for row in session.execute(query)]
 
@@ -1010,23 +1131,15 @@ class Ledger:
 
     def operations_moved_since(self, after: datetime, limit: int) -> list[OperationChange]:
         """Up to ``limit`` operations whose row changed after ``after`` (``updated_at``)."""
+        columns = [getattr(Operation, name) for name in _field_names(OperationChange)]
         query = (
-            select(
-                Operation.id,
-                Operation.namespace,
-                Operation.name,
-                Operation.state,
-                Operation.updated_at,
-            )
+            select(*columns)
             .where(Operation.updated_at > after)
             .order_by(Operation.updated_at)
             .limit(_limit(limit))
         )
         with self._sessions.begin() as session:
-            return [
-                OperationChange(id_, namespace, name, OperationState(state), updated_at)
-                for id_, namespace, name, state, updated_at in session.execute(query)
-            ]
+            return [_operation_change(row) for row in session.execute(query)]
 
     def list_activities(self) -> list[ActivityView]:
         """Every daemon's newest heartbeat (one row per Sandbox)."""
@@ -1038,8 +1151,7 @@ class Ledger:
         found: set[str] = set()
         wanted = sorted(set(refs))
         with self._sessions.begin() as session:
-            for start in range(0, len(wanted), AUDIT_IN_BATCH):
-                chunk = wanted[start : start + AUDIT_IN_BATCH]
+            for chunk in _in_chunks(wanted):
                 found.update(
                     session.scalars(select(Checkpoint.ref).where(Checkpoint.ref.in_(chunk)))
                 )
@@ -1052,8 +1164,7 @@ class Ledger:
         wanted = sorted(set(refs))
         consuming = [k.value for k in OperationKind if not k.records_checkpoint]
         with self._sessions.begin() as session:
-            for start in range(0, len(wanted), AUDIT_IN_BATCH):
-                chunk = wanted[start : start + AUDIT_IN_BATCH]
+            for chunk in _in_chunks(wanted):
                 query = select(Operation.checkpoint_ref).where(
                     Operation.kind.in_(consuming), Operation.checkpoint_ref.in_(chunk)
                 )
@@ -1065,12 +1176,14 @@ class Ledger:
         newest: dict[tuple[str, str], tuple[datetime, int, str]] = {}
         wanted = sorted(set(pvcs))
         with self._sessions.begin() as session:
-            for start in range(0, len(wanted), AUDIT_IN_BATCH):
-                chunk = wanted[start : start + AUDIT_IN_BATCH]
+            for chunk in _in_chunks(wanted):
                 query = select(
-                    Checkpoint.namespace, Checkpoint.pvc_name, Checkpoint.created_at,
-                    Checkpoint.id, Checkpoint.ref,
-                ).where(tuple_(Checkpoint.namespace, Checkpoint.pvc_name).in_(chunk))  # fmt: skip
+                    Checkpoint.namespace,
+                    Checkpoint.pvc_name,
+                    Checkpoint.created_at,
+                    Checkpoint.id,
+                    Checkpoint.ref,
+                ).where(tuple_(Checkpoint.namespace, Checkpoint.pvc_name).in_(chunk))
                 for namespace, pvc, created, row_id, ref in session.execute(query):
                     key = (namespace, str(pvc))
                     if key not in newest or newest[key][:2] < (created, row_id):
@@ -1090,8 +1203,7 @@ class Ledger:
                 (snapshots, Checkpoint.snapshot_name, used_snapshots),
             ):
                 keys = sorted(set(wanted))
-                for start in range(0, len(keys), AUDIT_IN_BATCH):
-                    chunk = keys[start : start + AUDIT_IN_BATCH]
+                for chunk in _in_chunks(keys):
                     query = select(Checkpoint.namespace, column).where(
                         Checkpoint.unavailable.is_(None),
                         tuple_(Checkpoint.namespace, column).in_(chunk),
@@ -1108,17 +1220,20 @@ class Ledger:
             produced = select(Checkpoint.operation_id)
             missing = (
                 select(Operation)
-                .where(Operation.state.in_([OperationState.RECORDED.value,
-                                            OperationState.FORCED.value]))
+                .where(
+                    Operation.state.in_(
+                        [OperationState.RECORDED.value, OperationState.FORCED.value]
+                    )
+                )
                 .where(Operation.id.not_in(produced))
                 .limit(_limit(limit))
-            )  # fmt: skip
+            )
             for op in session.scalars(missing):
-                problems.append(DrainRecordProblem(
-                    f"operation {op.id}",
-                    f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) is {op.state} "
-                    "but the ledger holds no checkpoint for it",
-                ))  # fmt: skip
+                problems.append(
+                    _operation_problem(
+                        op, f"is {op.state} but the ledger holds no checkpoint for it"
+                    )
+                )
             failed = (
                 select(Operation, Checkpoint.ref)
                 .join(Checkpoint, Checkpoint.operation_id == Operation.id)
@@ -1126,11 +1241,9 @@ class Ledger:
                 .limit(_limit(limit))
             )
             for op, ref in session.execute(failed):
-                problems.append(DrainRecordProblem(
-                    f"operation {op.id}",
-                    f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) failed "
-                    f"({op.error}) yet recorded checkpoint {ref}",
-                ))  # fmt: skip
+                problems.append(
+                    _operation_problem(op, f"failed ({op.error}) yet recorded checkpoint {ref}")
+                )
             deletions = [CheckpointReason.DELETE.value, CheckpointReason.FORCED.value]
             doubled = (
                 select(Checkpoint.task_uid)
@@ -1146,11 +1259,13 @@ class Ledger:
                     .order_by(Checkpoint.id)
                 ).all()
                 namespace, name = rows[0][0], rows[0][1]
-                problems.append(DrainRecordProblem(
-                    f"task {namespace}/{name}",
-                    f"task {namespace}/{name} (uid {task_uid}) has {len(rows)} deletion "
-                    f"checkpoints, one deletion records one: {', '.join(r[2] for r in rows)}",
-                ))  # fmt: skip
+                problems.append(
+                    DrainRecordProblem(
+                        f"task {namespace}/{name}",
+                        f"task {namespace}/{name} (uid {task_uid}) has {len(rows)} deletion "
+                        f"checkpoints, one deletion records one: {', '.join(r[2] for r in rows)}",
+                    )
+                )
         return problems
 
 
@@ -1161,7 +1276,9 @@ def checkpoint_ref_for(op_id: str) -> str:
 
 
 def is_label_value(value: str) -> bool:
-    return len(value) <= LABEL_VALUE_MAX and LABEL_VALUE.match(value) is not None
+    """Whether ``value`` is a checkpoint ref's shape: a lowercase label value, which
+    also names the checkpoint's VolumeSnapshot (a DNS label)."""
+    return is_dns_label(value)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -1169,6 +1286,13 @@ def is_label_value(value: str) -> bool:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _in_chunks(values: Sequence[_T], size: int = IN_LIST_MAX) -> Iterator[Sequence[_T]]:
+    """``values`` in order as consecutive slices of at most ``size``, one ``IN (…)`` each;
+    none for no values, so an empty question sends no statement."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
 
 
 def _new_operation_row(new: NewOperation) -> Operation:
@@ -1201,12 +1325,87 @@ def _lock_operation(session: Session, op_id: str) -> Operation:
     return row
 
 
+def _restorable_page(query: _Select, after_id: int, limit: int) -> _Select:
+    """``query`` kept to up to ``limit`` restorable checkpoints with an id above
+    ``after_id``, by id: the pages the audit and the prune walk."""
+    return (
+        query.where(Checkpoint.unavailable.is_(None), Checkpoint.id > after_id)
+        .order_by(Checkpoint.id)
+        .limit(_limit(limit))
+    )
+
+
+def _unsettled_snapshots_query(after_id: int, limit: int) -> Select[*tuple[Any, ...]]:
+    """``Ledger.unsettled_snapshots``' read: its WHERE is the partial index's
+    (``SNAPSHOT_UNSETTLED``), so it reads that index alone."""
+    return (
+        select(
+            Checkpoint.id,
+            Checkpoint.ref,
+            Checkpoint.task_uid,
+            Checkpoint.namespace,
+            Checkpoint.name,
+            Checkpoint.pvc_name,
+            Checkpoint.created_at,
+            Checkpoint.snapshot_name,
+            Checkpoint.snapshot_cut_at,
+        )
+        .where(
+            Checkpoint.snapshot_name.is_not(None),
+            Checkpoint.snapshot_ready_at.is_(None),
+            Checkpoint.snapshot_error.is_(None),
+            Checkpoint.id > after_id,
+        )
+        .order_by(Checkpoint.id)
+        .limit(limit)
+    )
+
+
+def _snapshot_move(move: SnapshotMove) -> SnapshotMove:
+    """``move`` checked (aware moments, an error that fits), before any transaction."""
+    error = move.error
+    if error is not None:
+        error = _text("error", error, max_len=None)[:UNAVAILABLE_MAX]
+    return SnapshotMove(
+        move.ref, _aware("cut_at", move.cut_at), _aware("ready_at", move.ready_at), error
+    )
+
+
+def _move_snapshot(row: Checkpoint, move: SnapshotMove) -> bool:
+    """Record ``move`` on a locked checkpoint row; whether it changed. A ready or failed
+    snapshot is settled and keeps its outcome; ready means cut (at the latest when it was
+    seen ready)."""
+    if row.snapshot_ready_at is not None or row.snapshot_error is not None:
+        return False
+    changed = False
+    cut_at = move.cut_at or move.ready_at
+    if cut_at is not None and row.snapshot_cut_at is None:
+        row.snapshot_cut_at = cut_at
+        changed = True
+    if move.ready_at is not None:
+        row.snapshot_ready_at = move.ready_at
+        changed = True
+    elif move.error is not None:
+        row.snapshot_error = move.error
+        changed = True
+    return changed
+
+
+def _lock_checkpoint(session: Session, ref: str) -> Checkpoint | None:
+    """Checkpoint ``ref`` with its agents, its row locked; None for an unknown ref."""
+    return session.scalar(
+        select(Checkpoint)
+        .where(Checkpoint.ref == ref)
+        .options(selectinload(Checkpoint.agents))
+        .with_for_update()
+    )
+
+
 def _lock_operations(session: Session, op_ids: Sequence[str]) -> dict[str, Operation]:
     """The rows of ``op_ids``, locked in id order (so two batches never deadlock)."""
     wanted = sorted(set(op_ids))
     rows: dict[str, Operation] = {}
-    for start in range(0, len(wanted), AUDIT_IN_BATCH):
-        chunk = wanted[start : start + AUDIT_IN_BATCH]
+    for chunk in _in_chunks(wanted):
         query = select(Operation).where(Operation.id.in_(chunk)).order_by(Operation.id)
         rows.update((row.id, row) for row in session.scalars(query.with_for_update()))
     for op_id in wanted:
@@ -1266,104 +1465,87 @@ def _newer_heartbeat_upsert(backend: str, values: dict[str, Any]) -> Insert:
     """INSERT … ON CONFLICT DO UPDATE … WHERE stored.seq < new.seq: atomic on both
     backends, so concurrent heartbeats never regress the stored one."""
     updated = [key for key in values if key not in ("namespace", "name")]
-    keys = [DaemonActivity.namespace, DaemonActivity.name]
+    # The two dialects' INSERTs spell ON CONFLICT alike.
+    upsert: postgresql.Insert | sqlite.Insert
     if backend == "postgresql":
-        pg = postgresql.insert(DaemonActivity).values(values)
-        return pg.on_conflict_do_update(
-            index_elements=keys,
-            set_={key: pg.excluded[key] for key in updated},
-            where=DaemonActivity.seq < pg.excluded.seq,
-        )
-    lite = sqlite.insert(DaemonActivity).values(values)
-    return lite.on_conflict_do_update(
-        index_elements=keys,
-        set_={key: lite.excluded[key] for key in updated},
-        where=DaemonActivity.seq < lite.excluded.seq,
+        upsert = postgresql.insert(DaemonActivity).values(values)
+    else:
+        upsert = sqlite.insert(DaemonActivity).values(values)
+    return upsert.on_conflict_do_update(
+        index_elements=[DaemonActivity.namespace, DaemonActivity.name],
+        set_={key: upsert.excluded[key] for key in updated},
+        where=DaemonActivity.seq < upsert.excluded.seq,
     )
 
 
-def _operation_view(row: Operation) -> OperationView:
-    return OperationView(
-        id=row.id,
-        kind=OperationKind(row.kind),
-        task_uid=row.task_uid,
-        namespace=row.namespace,
-        name=row.name,
-        state=OperationState(row.state),
-        idempotency_key=row.idempotency_key,
-        checkpoint_ref=row.checkpoint_ref,
-        grace_secs=row.grace_secs,
-        celery_task_ids=dict(row.celery_task_ids),
-        detail=copy.deepcopy(row.detail),
-        error=row.error,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        deadline_at=row.deadline_at,
-        finished_at=row.finished_at,
-    )
+class _Dataclass(Protocol):
+    """A dataclass, as ``dataclasses.fields`` takes one: every view is."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
 
-def _agent_view(row: CheckpointAgent) -> CheckpointAgentView:
-    return CheckpointAgentView(
-        agent_id=row.agent_id,
-        session_dir=row.session_dir,
-        turns=row.turns,
-        session_sha256=row.session_sha256,
-        clean=row.clean,
-        exit=row.exit,
-        error=row.error,
-    )
+@functools.cache
+def _field_names(view: type[_Dataclass]) -> tuple[str, ...]:
+    """The fields of a view class in order, read once per class."""
+    return tuple(field.name for field in fields(view))
+
+
+class _ViewOf(Generic[_View]):
+    """Makes ``view``s of rows: each field is the row's attribute of the same name, put
+    through ``convert[field]`` where one is given (an enum from its stored string, a copy
+    of mutable JSON). A column reaches a view by adding the field to the view; only a
+    value that needs converting is named here.
+
+    Built once per view class, since it runs for every row read (a fleet's heartbeats, a
+    follower's operations): one ``attrgetter`` reads every field and the values go to the
+    constructor by position, quicker than naming each field."""
+
+    def __init__(self, view: type[_View], **convert: Callable[[Any], Any]) -> None:
+        names = _field_names(view)
+        if len(names) < 2 or not all(f.init and not f.kw_only for f in fields(view)):
+            # attrgetter of one name returns the value, not a tuple; values go by position.
+            raise TypeError(f"{view.__name__}: a view needs two or more positional fields")
+        if unknown := sorted(set(convert) - set(names)):
+            raise TypeError(f"{view.__name__} has no field {', '.join(unknown)}")
+        self._view = view
+        self._read = operator.attrgetter(*names)
+        self._convert = tuple((names.index(name), how) for name, how in convert.items())
+
+    def __call__(self, row: object) -> _View:
+        values: Sequence[Any] = self._read(row)
+        if self._convert:
+            converted = list(values)
+            for index, how in self._convert:
+                converted[index] = how(converted[index])
+            values = converted
+        return self._view(*values)
+
+
+_agent_view = _ViewOf(CheckpointAgentView)
+
+
+def _agent_views(rows: Sequence[CheckpointAgent]) -> tuple[CheckpointAgentView, ...]:
+    # Sorted here, not by the database, so the order is the same on every collation.
+    return tuple(sorted(map(_agent_view, rows), key=lambda agent: agent.agent_id))
+
+
+_operation_view = _ViewOf(
+    OperationView,
+    kind=OperationKind,
+    state=OperationState,
+    # Copies: a view never shares the row's mutable JSON.
+    celery_task_ids=dict,
+    detail=copy.deepcopy,
+)
+_checkpoint_view = _ViewOf(CheckpointView, reason=CheckpointReason, agents=_agent_views)
+_activity_view = _ViewOf(ActivityView)
+_operation_change = _ViewOf(OperationChange, state=OperationState)
 
 
 def _agent_row(agent: CheckpointAgentView) -> CheckpointAgent:
+    """The row of an agent view: its columns are the view's fields."""
     return CheckpointAgent(
-        agent_id=agent.agent_id,
-        session_dir=agent.session_dir,
-        turns=agent.turns,
-        session_sha256=agent.session_sha256,
-        clean=agent.clean,
-        exit=agent.exit,
-        error=agent.error,
-    )
-
-
-def _checkpoint_view(row: Checkpoint) -> CheckpointView:
-    return CheckpointView(
-        id=row.id,
-        ref=row.ref,
-        operation_id=row.operation_id,
-        task_uid=row.task_uid,
-        namespace=row.namespace,
-        name=row.name,
-        reason=CheckpointReason(row.reason),
-        pvc_name=row.pvc_name,
-        forced=row.forced,
-        verified=row.verified,
-        created_at=row.created_at,
-        # Sorted here, not by the database, so the order is the same on every collation.
-        agents=tuple(sorted((_agent_view(a) for a in row.agents), key=lambda a: a.agent_id)),
-        unavailable=row.unavailable,
-        snapshot_name=row.snapshot_name,
-        snapshot_ready_at=row.snapshot_ready_at,
-        snapshot_error=row.snapshot_error,
-    )
-
-
-def _activity_view(row: DaemonActivity) -> ActivityView:
-    return ActivityView(
-        namespace=row.namespace,
-        name=row.name,
-        task_uid=row.task_uid,
-        all_idle_since=row.all_idle_since,
-        agents_total=row.agents_total,
-        agents_live=row.agents_live,
-        agents_idle=row.agents_idle,
-        reported_at=row.reported_at,
-        seq=row.seq,
-        idle_for_secs=row.idle_for_secs,
-        received_at=row.received_at,
-        agents_interrupted=row.agents_interrupted,
-        agents_done=row.agents_done,
+        **{name: getattr(agent, name) for name in _field_names(CheckpointAgentView)}
     )
 
 
@@ -1376,6 +1558,13 @@ def _check_same_operation(existing: OperationView, wanted: tuple[str, str, str, 
             f"{existing.id} ({existing.kind.value} of {existing.namespace}/{existing.name}, "
             f"task {existing.task_uid}); a {kind} of {namespace}/{name} needs its own key"
         )
+
+
+def _operation_problem(op: Operation, what: str) -> DrainRecordProblem:
+    """A drain record problem of operation ``op``: its id, kind and task, then ``what``."""
+    return DrainRecordProblem(
+        f"operation {op.id}", f"operation {op.id} ({op.kind} of {op.namespace}/{op.name}) {what}"
+    )
 
 
 # ------------------------------------------------------------------- input validation

@@ -1,22 +1,208 @@
-"""The task's ServiceAccount and NetworkPolicy as caliban-operator makes them
-(``<task>-sa``, ``<task>-netpol``): pure builders, so the shapes are table-tested apart
-from the API calls that create them.
+"""The objects the operator writes, as it writes them: a task's Sandbox (``<task>-sbx``)
+with its pod template, its workspace PVC, and, as caliban-operator makes them, its
+ServiceAccount (``<task>-sa``) and NetworkPolicy (``<task>-netpol``); its drain guard
+(``<task>-drain-guard``, a PodDisruptionBudget while an operation runs), the namespace's
+daemon broker Secret, and each checkpoint's VolumeSnapshot. Pure builders of (task,
+spec, settings) → object, so every shape is table-tested apart from the API calls that
+create them (``kube``). A task's children are owned by it (``TaskRef.owner``); the
+broker Secret (shared by the namespace's tasks) and the snapshots (a checkpoint outlives
+its task) are not.
 
-Both are created with the Sandbox (Reconciler.create_sandbox), owned by the task.
+Every one carries ``app.kubernetes.io/managed-by: caliban-drain`` (``crd.MANAGED_BY``)
+and, but for the broker Secret, the task label. The Sandbox's pod template does not
+carry the managed-by label: the pod is made and managed by the Sandbox's controller,
+and is found by the task label.
 """
 
 from __future__ import annotations
 
+import base64
+import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator.operator import crd
+from orchestrator.operator import workspace as workspaces
+from orchestrator.operator.crd import Manifest
+from orchestrator.operator.lifecycle import TaskSpec, sandbox_suspension_patch
+from orchestrator.settings import Settings
+from worker_agent.contract import daemon_queue
+from worker_agent.logformat import LOG_FORMAT_ENV, LogSettings
 
 SA_SUFFIX = "-sa"
 NETPOL_SUFFIX = "-netpol"
 DNS_PORT = 53
 _DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
+
+
+def labels(task: str) -> dict[str, str]:
+    """The labels of every child of task ``task``: whose it is, and who manages it."""
+    return {crd.TASK_LABEL: task, crd.MANAGED_BY_LABEL: crd.MANAGED_BY}
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The CalibanTask a child belongs to."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def owner(self) -> Manifest:
+        """The owner reference every child carries: it goes with the task (garbage
+        collection), and the task is its controller."""
+        return {
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What the operator's configuration puts into every task's pod."""
+
+    daemon_image: str
+    """The image when the spec names none (``DRAIN_DAEMON_IMAGE``)."""
+    broker_secret: str
+    """The namespace's Secret the daemon reads the broker URL from."""
+    log_format: str
+    """The operator's own log format, so one ``DRAIN_LOG_FORMAT`` sets all."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> PodSettings:
+        """From the operator's settings, with the log format it logs in itself."""
+        return cls(settings.daemon_image, settings.daemon_broker_secret, LogSettings().log_format)
+
+
+def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> Manifest:
+    """The task's Sandbox: one pod running ``drainctl daemon`` on workspace PVC
+    ``pvc_name`` with the spec's agents, as the restricted, token-less pod the operator
+    shapes (``crd.POD_SECURITY_CONTEXT``), the spec's ``sandbox.podTemplate`` merged
+    under it (``merge_under``), and the Workspace's provider and sources where the spec
+    is bound to one."""
+    args = [
+        "daemon", "--store", crd.WORKSPACE_MOUNT,
+        "--socket", f"{crd.RUN_MOUNT}/{crd.DAEMON_SOCKET_FILE}",
+        "--queue", daemon_queue(task.namespace, task.name), "--task-uid", task.uid,
+        "--drain-grace", str(spec.drain_grace_secs),
+        "--initial-agents", str(spec.agents), "--initial-provider", spec.provider,
+    ]  # fmt: skip
+    if spec.model:
+        args += ["--initial-model", spec.model]
+    if spec.prompt:
+        args += ["--initial-prompt", spec.prompt]
+    args += ["--metrics-port", str(crd.DAEMON_METRICS_PORT)]
+    # The URL may hold a password: the pod reads it from the namespace's Secret
+    # (``kube.ensure_broker_secret``), so it is never in the Sandbox spec.
+    broker = {"secretKeyRef": {"name": pod.broker_secret, "key": crd.BROKER_SECRET_KEY}}
+    pod_spec: Manifest = {
+        "serviceAccountName": service_account_name(task.name),
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(crd.POD_SECURITY_CONTEXT),
+        "terminationGracePeriodSeconds": int(spec.drain_grace_secs) + 30,
+        "containers": [
+            {
+                "name": crd.DAEMON_CONTAINER,
+                "image": spec.image or pod.daemon_image,
+                "command": ["drainctl"],
+                "args": args,
+                "env": [
+                    {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
+                    {"name": LOG_FORMAT_ENV, "value": pod.log_format},
+                    *({"name": n, "value": v} for n, v in spec.upstream_env),
+                    *({"name": n, "value": v} for n, v in spec.env),
+                ],
+                "ports": [{"name": "metrics", "containerPort": crd.DAEMON_METRICS_PORT}],
+                "livenessProbe": dict(crd.DAEMON_LIVENESS_PROBE),
+                "readinessProbe": dict(crd.DAEMON_READINESS_PROBE),
+                "securityContext": copy.deepcopy(crd.CONTAINER_SECURITY_CONTEXT),
+                "volumeMounts": [
+                    {"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT},
+                    {"name": crd.RUN_VOLUME, "mountPath": crd.RUN_MOUNT},
+                    {"name": crd.TMP_VOLUME, "mountPath": crd.TMP_MOUNT},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_name}},
+            {"name": crd.RUN_VOLUME, "emptyDir": {}},
+            {"name": crd.TMP_VOLUME, "emptyDir": {}},
+        ],
+    }
+    # The sandboxed runtime the task asks for, else its Workspace's default.
+    runtime_class = spec.runtime_class or (spec.binding.runtime_class if spec.binding else None)
+    if runtime_class:
+        pod_spec["runtimeClassName"] = runtime_class
+    if spec.binding is not None:
+        # The Workspace's provider (its key through secretKeyRef), its sources'
+        # mounts, and the init container that clones them once.
+        parts = workspaces.pod_parts(spec.binding, pod_spec["containers"][0]["image"])
+        pod_spec["containers"][0]["env"] += parts["env"]
+        pod_spec["containers"][0]["volumeMounts"] += parts["volumeMounts"]
+        pod_spec["initContainers"] = parts["initContainers"]
+    suspended = sandbox_suspension_patch(spec.sandbox_version, False)["spec"]
+    pod_labels = {crd.TASK_LABEL: task.name, crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT}
+    return {
+        "apiVersion": spec.sandbox_version,
+        "kind": crd.SANDBOX_KIND,
+        "metadata": {
+            "name": crd.sandbox_name(task.name),
+            "namespace": task.namespace,
+            "ownerReferences": [task.owner()],
+            "labels": labels(task.name),
+        },
+        "spec": {
+            **suspended,
+            # The task label is how the drain guard (a PodDisruptionBudget) finds the
+            # pod; the component label is what the daemon NetworkPolicy selects.
+            # The user's spec.sandbox.podTemplate goes under ours: what it adds is
+            # kept, what it sets that we set is ours.
+            "podTemplate": merge_under(
+                {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.pod_template
+            ),
+        },
+    }
+
+
+def workspace_pvc(
+    task: TaskRef,
+    name: str,
+    storage: str,
+    *,
+    from_snapshot: str | None = None,
+    storage_class: str | None = None,
+) -> Manifest:
+    """The task's workspace PVC, owned by the task (a deletion's checkpoint drops that
+    reference to keep it), filled from VolumeSnapshot ``from_snapshot`` when given."""
+    body: Manifest = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": task.namespace,
+            "labels": labels(task.name),
+            "ownerReferences": [task.owner()],
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage}},
+        },
+    }
+    if storage_class is not None:
+        body["spec"]["storageClassName"] = storage_class
+    if from_snapshot is not None:
+        body["spec"]["dataSource"] = {
+            "apiGroup": crd.SNAPSHOT_GROUP,
+            "kind": crd.SNAPSHOT_KIND,
+            "name": from_snapshot,
+        }
+    return body
 
 
 def service_account_name(task: str) -> str:
@@ -42,7 +228,7 @@ def broker_port(url: str) -> int:
     return _DEFAULT_PORTS[parts.scheme]
 
 
-def service_account(task: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+def service_account(task: str, namespace: str, owner: Manifest) -> Manifest:
     """The pod's identity: no token mounted, bound to no Role (the daemon calls no API)."""
     return {
         "apiVersion": "v1",
@@ -51,7 +237,7 @@ def service_account(task: str, namespace: str, owner: dict[str, Any]) -> dict[st
             "name": service_account_name(task),
             "namespace": namespace,
             "ownerReferences": [owner],
-            "labels": {crd.TASK_LABEL: task},
+            "labels": labels(task),
         },
         "automountServiceAccountToken": False,
     }
@@ -60,15 +246,15 @@ def service_account(task: str, namespace: str, owner: dict[str, Any]) -> dict[st
 def network_policy(
     task: str,
     namespace: str,
-    owner: dict[str, Any],
+    owner: Manifest,
     broker_url: str,
     workspace_ports: Sequence[int] = (),
-) -> dict[str, Any]:
+) -> Manifest:
     """The task's pod takes connections only on the daemon's metrics port (what the
     metrics scrape needs, as deploy/task-namespace/daemon-networkpolicy.yaml allows) and
     reaches only DNS, the broker's port and ``workspace_ports`` (its Workspace provider's
     and git remotes', ``workspace.egress_ports``)."""
-    egress: list[dict[str, Any]] = [
+    egress: list[Manifest] = [
         {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
         {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]},
     ]
@@ -81,7 +267,7 @@ def network_policy(
             "name": network_policy_name(task),
             "namespace": namespace,
             "ownerReferences": [owner],
-            "labels": {crd.TASK_LABEL: task},
+            "labels": labels(task),
         },
         "spec": {
             "podSelector": {"matchLabels": {crd.TASK_LABEL: task}},
@@ -92,6 +278,64 @@ def network_policy(
     }
 
 
+def drain_guard_name(task_name: str) -> str:
+    """The PodDisruptionBudget that guards a task's drain or resume in progress."""
+    return f"{task_name[:240]}-drain-guard"
+
+
+def drain_guard(task: str, namespace: str, owner: Manifest) -> Manifest:
+    """The drain guard: ``maxUnavailable: 0`` over the task's pod (its task label), so a
+    voluntary eviction waits while a drain or resume runs (``kube.guard_against_eviction``)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": drain_guard_name(task), "namespace": namespace,
+                     "labels": labels(task), "ownerReferences": [owner]},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {crd.TASK_LABEL: task}}},
+    }  # fmt: skip
+
+
+def broker_secret(namespace: str, name: str, url: str) -> Manifest:
+    """The daemon broker Secret: the URL under ``crd.BROKER_SECRET_KEY``, base64 as the API
+    stores it. No owner and no task label: one Secret serves every task in the namespace
+    (``kube.ensure_broker_secret``)."""
+    encoded = base64.b64encode(url.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT, crd.MANAGED_BY_LABEL: crd.MANAGED_BY,
+            },
+        },
+        "data": {crd.BROKER_SECRET_KEY: encoded},
+    }  # fmt: skip
+
+
+def workspace_snapshot(task: TaskRef, ref: str, pvc_name: str, class_name: str) -> Manifest:
+    """Checkpoint ``ref``'s VolumeSnapshot of the task's workspace PVC ``pvc_name``, named
+    by the ref (one per checkpoint). No owner: a checkpoint outlives its task. Labelled
+    with the checkpoint (what deletions waiting for it list it by), the task and its uid."""
+    return {
+        "apiVersion": crd.SNAPSHOT_API_VERSION,
+        "kind": crd.SNAPSHOT_KIND,
+        "metadata": {
+            "name": ref,
+            "namespace": task.namespace,
+            "labels": {
+                **labels(task.name), crd.CHECKPOINT_LABEL: ref, crd.TASK_UID_LABEL: task.uid,
+            },
+        },
+        "spec": {
+            "volumeSnapshotClassName": class_name,
+            "source": {"persistentVolumeClaimName": pvc_name},
+        },
+    }  # fmt: skip
+
+
 NAMED_LISTS: frozenset[str] = frozenset({
     "containers", "initContainers", "ephemeralContainers", "volumes", "env", "envFrom",
     "volumeMounts", "volumeDevices", "ports", "imagePullSecrets", "resourceClaims",
@@ -99,7 +343,7 @@ NAMED_LISTS: frozenset[str] = frozenset({
 """The pod-spec lists whose items are keyed by ``name`` (a strategic merge's keys)."""
 
 
-def merge_under(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+def merge_under(ours: Manifest, theirs: Manifest) -> Manifest:
     """``theirs`` (``spec.sandbox.podTemplate``) merged under ``ours`` (the pod template
     the operator generates): what the user adds is kept (a nodeSelector, tolerations, a
     label, a sidecar, the daemon container's resources); where both set a value, ours

@@ -17,7 +17,12 @@ one is a migration, not a refactor.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
+
+Manifest: TypeAlias = dict[str, Any]
+"""A Kubernetes object, or a part of one, as JSON: as the API serves it and as the
+builders write it (``children``). Its schema is the API's; the operator reads the few
+fields it needs by name."""
 
 # ------------------------------------------------------------------ the CalibanTask
 
@@ -30,6 +35,10 @@ KIND: Final = "CalibanTask"
 FINALIZER: Final = f"{GROUP}/drain"
 """The drain finalizer: a deleted task stays until its agents are checkpointed."""
 
+PHASE_ANNOTATION: Final = f"{GROUP}/phase"
+"""Where the operator keeps the phase it decided for a task: a status writer cannot
+change metadata, so another controller writing ``status.phase`` (caliban-operator writes
+its own) never changes what this operator decides; it corrects the status instead."""
 WAKE_ANNOTATION: Final = f"{GROUP}/wake"
 """A new value resumes an idle-paused task once (what an attach does)."""
 
@@ -38,6 +47,15 @@ TASK_LABEL: Final = f"{GROUP}/task"
 
 CHECKPOINT_LABEL: Final = f"{GROUP}/checkpoint"
 """On a retained workspace PVC: the ref of the checkpoint it holds."""
+
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "caliban-drain"
+"""``MANAGED_BY_LABEL``'s value (Kubernetes' recommended label for the tool that manages
+an object) on every object the operator creates: a task's Sandbox, workspace PVC,
+ServiceAccount, NetworkPolicy and drain guard, the namespace's broker Secret, and each
+checkpoint's VolumeSnapshot (``children``'s builders). Not on the Sandbox's pod
+template: the pod is the Sandbox controller's to make and manage, and carries the task
+label (``TASK_LABEL``) that selects it."""
 
 KOPF_ANNOTATION_PREFIX: Final = GROUP
 """kopf keeps its handler progress and last-handled state in annotations under this prefix
@@ -132,6 +150,26 @@ DAEMON_READINESS_PROBE: Final = {
     "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3,
 }  # fmt: skip
 """Ready while the control socket answers and the consumer reaches the broker."""
+DAEMON_CONTAINER: Final = "caliband"
+"""The daemon's container in the task's pod: the only one (besides the Workspace's init
+container), and the one ``spec.sandbox.podTemplate`` may give resources."""
+DAEMON_GID: Final = 10001
+"""The daemon image's group (the Dockerfile's ``USER 10001:10001``): the pod's
+``fsGroup``, so the workspace volume is writable by the daemon whatever its uid."""
+POD_SECURITY_CONTEXT: Final = {
+    "runAsNonRoot": True, "fsGroup": DAEMON_GID, "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+"""The task pod's security context: Pod Security ``restricted`` (docs/security.md)."""
+CONTAINER_SECURITY_CONTEXT: Final = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
+"""Every container of the task pod: no privilege, no capability, nothing written outside
+its volumes (the workspace, the run directory and ``TMP_VOLUME`` at /tmp)."""
+TMP_VOLUME: Final = "tmp"
+TMP_MOUNT: Final = "/tmp"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 DAEMON_COMPONENT: Final = "caliban-daemon"
 """``COMPONENT_LABEL`` on every daemon pod, whatever its task: what the daemon

@@ -1,13 +1,13 @@
-"""What wakes a task's steward: watch events, the ledger's feed, and its own deadlines.
+"""The operator's work queue: what wakes a task's steward besides its own deadlines.
 
-Each CalibanTask has one steward (``handlers.steward``, a kopf daemon) that runs a pass,
-then sleeps until ``pacing.next_look`` says or until something wakes it here:
+Each CalibanTask has one steward (``operator.steward``, a kopf daemon) that runs a pass,
+then sleeps until ``pacing.requeue_after`` says or until its entry in the queue wakes it:
 
-- ``Stewards.look``: a change of the object itself (kopf's watch: spec, annotations,
+- ``WorkQueue.add``: a change of the object itself (kopf's watch: spec, annotations,
   deletion), or an operation of the task that moved in the ledger;
-- ``Stewards.heartbeat``: a heartbeat stored for the task. It only wakes the steward to
-  work out its deadlines again; a pass follows when the heartbeat's signature differs
-  from the one the last pass decided on, or a deadline fell due.
+- ``WorkQueue.add_heartbeat``: a heartbeat stored for the task. It only wakes the
+  steward to work out its deadlines again; a pass follows when the heartbeat's signature
+  differs from the one the last pass decided on, or a deadline fell due.
 
 ``feed`` is the one loop that reads the ledger for all tasks: every
 ``event_feed_interval_secs`` it asks what was stored since it last looked (two indexed
@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from orchestrator.ledger import Ledger, LedgerError
-from orchestrator.operator.pacing import Beat, beat_of, newer
+from orchestrator.operator.pacing import Heartbeat, heartbeat_of, newer
 
 log = logging.getLogger(__name__)
 
@@ -42,50 +42,50 @@ _T = TypeVar("_T")
 
 
 @dataclass
-class Mailbox:
-    """One steward's wake-ups."""
+class QueueEntry:
+    """One task's entry in the work queue: its steward's wake-ups."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    look: str | None = None
-    """A pass is wanted, and why (``Stewards.look``'s cause); None: only a fresh look at
+    cause: str | None = None
+    """A pass is wanted, and why (``WorkQueue.add``'s cause); None: only a fresh look at
     the deadlines."""
-    beat: Beat | None = None
+    beat: Heartbeat | None = None
     """The newest heartbeat the feed (or a pass) has seen for the task."""
-    noticed: tuple[object, ...] = ()
-    """What of the object the last pass read (``handlers._noticed``)."""
+    watched: tuple[object, ...] = ()
+    """What of the object the last pass read (``steward.watched_fields``)."""
 
 
-class Stewards:
-    """The mailboxes of the tasks this operator looks after, by (namespace, name)."""
+class WorkQueue:
+    """The entries of the tasks this operator looks after, by (namespace, name)."""
 
     def __init__(self) -> None:
-        self.boxes: dict[Key, Mailbox] = {}
+        self.entries: dict[Key, QueueEntry] = {}
 
-    def open(self, key: Key) -> Mailbox:
-        box = self.boxes.get(key)
-        if box is None:
-            box = self.boxes[key] = Mailbox()
-        return box
+    def open(self, key: Key) -> QueueEntry:
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = QueueEntry()
+        return entry
 
     def close(self, key: Key) -> None:
-        self.boxes.pop(key, None)
+        self.entries.pop(key, None)
 
-    def look(self, key: Key, cause: str) -> None:
+    def add(self, key: Key, cause: str) -> None:
         """Ask for a pass over ``key`` now (nothing if no steward looks after it); ``cause``
         is what asks (``event``: the object changed; ``ledger``: the feed)."""
-        box = self.boxes.get(key)
-        if box is not None:
-            box.look = box.look or cause
-            box.wake.set()
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.cause = entry.cause or cause
+            entry.wake.set()
 
-    def heartbeat(self, key: Key, beat: Beat) -> None:
-        box = self.boxes.get(key)
-        if box is None:
+    def add_heartbeat(self, key: Key, beat: Heartbeat) -> None:
+        entry = self.entries.get(key)
+        if entry is None:
             return
-        known = box.beat
-        box.beat = newer(known, beat)
-        if box.beat is not known:
-            box.wake.set()
+        known = entry.beat
+        entry.beat = newer(known, beat)
+        if entry.beat is not known:
+            entry.wake.set()
 
 
 async def _read(call: Callable[[], _T]) -> _T:
@@ -107,16 +107,17 @@ class Feed:
         return cls(start, start)
 
 
-async def read_once(ledger: Ledger, stewards: Stewards, place: Feed) -> int:
+async def read_once(ledger: Ledger, stewards: WorkQueue, place: Feed) -> int:
     """Hand what the ledger stored since ``place`` to the stewards; the rows read."""
     read = 0
     while True:
-        beats = await _read(lambda: ledger.activity_received_since(place.heartbeats_after,
-                                                                   FEED_PAGE))  # fmt: skip
+        beats = await _read(
+            lambda: ledger.activity_received_since(place.heartbeats_after, FEED_PAGE)
+        )
         for activity in beats:
-            beat = beat_of(activity)
+            beat = heartbeat_of(activity)
             if beat is not None:
-                stewards.heartbeat((activity.namespace, activity.name), beat)
+                stewards.add_heartbeat((activity.namespace, activity.name), beat)
         read += len(beats)
         if len(beats) < FEED_PAGE:
             break
@@ -129,13 +130,14 @@ async def read_once(ledger: Ledger, stewards: Stewards, place: Feed) -> int:
             place.heartbeats_after, newest - timedelta(seconds=FEED_OVERLAP_SECS)
         )
     while True:
-        moves = await _read(lambda: ledger.operations_moved_since(place.operations_after,
-                                                                  FEED_PAGE))  # fmt: skip
+        moves = await _read(
+            lambda: ledger.operations_moved_since(place.operations_after, FEED_PAGE)
+        )
         for move in moves:
             if place.seen_operations.get(move.id) == move.updated_at:
                 continue
             place.seen_operations[move.id] = move.updated_at
-            stewards.look((move.namespace, move.name), "ledger")
+            stewards.add((move.namespace, move.name), "ledger")
         read += len(moves)
         if len(moves) < FEED_PAGE:
             break
@@ -150,7 +152,7 @@ async def read_once(ledger: Ledger, stewards: Stewards, place: Feed) -> int:
     return read
 
 
-async def feed(ledger: Ledger, stewards: Stewards, interval_secs: float) -> None:
+async def feed(ledger: Ledger, stewards: WorkQueue, interval_secs: float) -> None:
     """Read the ledger's changes every ``interval_secs`` for as long as the operator
     runs; a ledger that cannot be read is tried again (stewards keep their own
     deadlines and the resync meanwhile)."""

@@ -1,6 +1,6 @@
 """Waits the operator's deletions share: one read per poll for every deletion at once.
 
-A deletion's finalizer (``handlers.drain_on_delete``) follows its drain in the ledger,
+A deletion's finalizer (``finalizer.drain_on_delete``) follows its drain in the ledger,
 then its checkpoint's VolumeSnapshot in the API, before it releases the task. Polled
 task by task, 200 deletions at once are 200 ledger transactions every poll (SQLite takes
 them one at a time) and 200 GETs of the API server, which starve the drains and the
@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from orchestrator.operator.pacing import failure_backoff
 
 log = logging.getLogger(__name__)
 
@@ -98,22 +100,29 @@ class Poller(Generic[K, V]):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        took = 0.0
+        took, failures = 0.0, 0
         while self._waits:
             planned = self.interval + self.per_key * len({w.key for w in self._waits})
-            await asyncio.sleep(pause_before_read(planned, took))
+            await asyncio.sleep(max(pause_before_read(planned, took), failure_backoff(failures)))
             keys = {w.key for w in self._waits}
             if not keys:
                 break
             started = loop.time()
             try:
                 read = await self.read(keys)
-            except Exception:  # the waits run out their bound and look for themselves
-                log.exception("follow_read_failed poller=%s keys=%d", self.name, len(keys))
+            except Exception as exc:  # the waits run out their bound and look for themselves
+                failures += 1
+                # One line per failed read, spaced out as a failing pass is (1 s doubling
+                # to 5 min): a ledger down is not a traceback every few milliseconds.
+                log.warning("follow_read_failed poller=%s keys=%d attempt=%d retry_in=%.0fs "
+                            "error=%s", self.name, len(keys), failures,
+                            failure_backoff(failures), type(exc).__name__)  # fmt: skip
+                log.debug("follow_read_failed poller=%s", self.name, exc_info=True)
                 continue
             finally:
                 took = loop.time() - started
                 self.reading_secs += took
+            failures = 0
             self.reads += 1
             for wait in list(self._waits):
                 value = read.get(wait.key)

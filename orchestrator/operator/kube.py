@@ -1,5 +1,5 @@
 """The few Kubernetes calls the operator makes besides kopf's own: Sandboxes, workspace
-PVCs, the daemon broker Secret, and CalibanTask status writes. A thin shell over the
+PVCs, the daemon broker Secret, and CalibanTask and Workspace status writes. A thin shell over the
 official client, run in threads so kopf's event loop never blocks; every function here
 is one API call or a small idempotent ensure-step, the names it addresses come from
 ``crd``, and the decisions about *when* to call it live in ``lifecycle``.
@@ -8,17 +8,21 @@ is one API call or a small idempotent ensure-step, the names it addresses come f
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from orchestrator.operator import crd
+from orchestrator import metrics
+from orchestrator.operator import children, crd
+from orchestrator.operator.crd import Manifest
 from orchestrator.operator.lifecycle import SandboxApi, SnapshotClass
+from orchestrator.operator.permissions import refused_as_terminating
 
 _T = TypeVar("_T")
+_D = TypeVar("_D")
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any
@@ -38,18 +42,62 @@ def load_credentials() -> None:
     _loaded = True
 
 
-async def _read(call: Callable[[], _T]) -> _T | None:
-    """A read of the Kubernetes API in a thread: None when the object does not exist."""
+class NamespaceTerminating(Exception):
+    """The API refused to create an object in ``namespace`` because the namespace is
+    being deleted: nothing new can be made there again, and everything in it is going."""
 
-    def absent_as_none() -> _T | None:
+    def __init__(self, namespace: str) -> None:
+        super().__init__(f"namespace {namespace} is being deleted")
+        self.namespace = namespace
+
+
+async def namespace_terminating(namespace: str) -> bool:
+    """Whether ``namespace`` is being deleted (or already gone)."""
+    found = await _read(lambda: client.CoreV1Api().read_namespace(namespace))
+    return found is None or found.metadata.deletion_timestamp is not None
+
+
+async def _call(
+    call: Callable[[], _T], answers: Mapping[int, _D], namespace: str | None = None
+) -> _T | _D:
+    """One API call, in a thread so kopf's event loop never blocks. A refusal whose HTTP
+    status is in ``answers`` is answered with its value instead of raised (404: absent,
+    409: already there, or changed since it was read); a create refused because
+    ``namespace`` is being deleted raises ``NamespaceTerminating``."""
+
+    def run() -> _T | _D:
         try:
             return call()
         except ApiException as exc:
-            if exc.status == 404:
-                return None
+            if namespace is not None and refused_as_terminating(exc):
+                raise NamespaceTerminating(namespace) from exc
+            if exc.status in answers:
+                return answers[exc.status]
             raise
 
-    return await asyncio.to_thread(absent_as_none)
+    return await _in_thread(run)
+
+
+async def _in_thread(call: Callable[[], _T]) -> _T:
+    """Every API call of the operator's own, in a thread, counted."""
+    metrics.OPERATOR_API_CALLS.inc()
+    return await asyncio.to_thread(call)
+
+
+async def _read(call: Callable[[], _T]) -> _T | None:
+    """A read: None when the object does not exist."""
+    return await _call(call, {404: None})
+
+
+async def _create(call: Callable[[], object], namespace: str) -> None:
+    """A create that keeps an object already there (an earlier pass made it)."""
+    await _call(call, {409: None}, namespace)
+
+
+async def _done(call: Callable[[], object], absent: Collection[int] = (404,)) -> bool:
+    """A change of an object: False when it is not there (or, with 409 in ``absent``,
+    has changed since it was read)."""
+    return await _call(lambda: bool(call()) or True, dict.fromkeys(absent, False))
 
 
 def _group_version(api_version: str) -> tuple[str, str]:
@@ -57,43 +105,21 @@ def _group_version(api_version: str) -> tuple[str, str]:
     return group, version
 
 
-async def create_sandbox(api_version: str, namespace: str, body: dict[str, Any]) -> None:
+async def create_sandbox(api_version: str, namespace: str, body: Manifest) -> None:
     group, version = _group_version(api_version)
-
-    def call() -> None:
-        try:
-            client.CustomObjectsApi().create_namespaced_custom_object(
-                group, version, namespace, crd.SANDBOX_PLURAL, body
-            )
-        except ApiException as exc:
-            if exc.status != 409:  # already there: ensure is idempotent
-                raise
-
-    await asyncio.to_thread(call)
-
-
-def broker_secret_body(namespace: str, name: str, url: str) -> dict[str, Any]:
-    """The daemon broker Secret: the URL under ``crd.BROKER_SECRET_KEY``, base64 as the API
-    stores it. No owner: one Secret serves every task in the namespace."""
-    encoded = base64.b64encode(url.encode()).decode()
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT},
-        },
-        "data": {crd.BROKER_SECRET_KEY: encoded},
-    }
+    await _create(
+        lambda: client.CustomObjectsApi().create_namespaced_custom_object(
+            group, version, namespace, crd.SANDBOX_PLURAL, body
+        ),
+        namespace,
+    )
 
 
 async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     """Create Secret ``name`` holding ``url`` in ``namespace``, or patch it when it holds
     another URL (the operator's daemon broker URL changed); untouched when it is right.
     The URL is never logged nor put in an error: it may hold a password."""
-    body = broker_secret_body(namespace, name, url)
+    body = children.broker_secret(namespace, name, url)
     api = client.CoreV1Api()
 
     def call() -> None:
@@ -111,32 +137,25 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
                 existing = api.read_namespaced_secret(name, namespace)
         if (existing.data or {}).get(crd.BROKER_SECRET_KEY) == body["data"][crd.BROKER_SECRET_KEY]:
             return
-        api.patch_namespaced_secret(name, namespace, {"data": body["data"]},
-                                    _content_type=MERGE_PATCH)  # fmt: skip
+        patch = {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}
+        api.patch_namespaced_secret(name, namespace, patch, _content_type=MERGE_PATCH)
 
-    await asyncio.to_thread(call)
+    await _in_thread(call)
 
 
-async def _create_once(create: Callable[[str, dict[str, Any]], Any], body: dict[str, Any]) -> None:
+async def _create_once(create: Callable[[str, Manifest], Any], body: Manifest) -> None:
     """``create(namespace, body)``; an object already there (an earlier pass, or a
     re-created Sandbox) is left as it is."""
-
-    def call() -> None:
-        try:
-            create(body["metadata"]["namespace"], body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    await asyncio.to_thread(call)
+    namespace = body["metadata"]["namespace"]
+    await _create(lambda: create(namespace, body), namespace)
 
 
-async def ensure_service_account(body: dict[str, Any]) -> None:
+async def ensure_service_account(body: Manifest) -> None:
     """Create the task's ServiceAccount (``children.service_account``) unless it exists."""
     await _create_once(client.CoreV1Api().create_namespaced_service_account, body)
 
 
-async def ensure_network_policy(body: dict[str, Any]) -> None:
+async def ensure_network_policy(body: Manifest) -> None:
     """Create the task's NetworkPolicy (``children.network_policy``) unless it exists."""
     await _create_once(client.NetworkingV1Api().create_namespaced_network_policy, body)
 
@@ -158,17 +177,19 @@ async def sandbox_api() -> SandboxApi | None:
     )
 
 
-async def get_sandbox(api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
+async def get_sandbox(api_version: str, namespace: str, name: str) -> Manifest | None:
     """The Sandbox as the API serves it at ``api_version``, or None if there is none."""
     group, version = _group_version(api_version)
     return await _get_custom(group, version, crd.SANDBOX_PLURAL, namespace, name)
 
 
-async def patch_sandbox(api_version: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+async def patch_sandbox(api_version: str, namespace: str, name: str, patch: Manifest) -> None:
     group, version = _group_version(api_version)
-    await asyncio.to_thread(
-        client.CustomObjectsApi().patch_namespaced_custom_object,
-        group, version, namespace, crd.SANDBOX_PLURAL, name, patch, _content_type=MERGE_PATCH,
+    await _in_thread(
+        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+            group, version, namespace, crd.SANDBOX_PLURAL, name, patch,
+            _content_type=MERGE_PATCH,
+        )
     )  # fmt: skip
 
 
@@ -178,58 +199,24 @@ async def get_pvc(namespace: str, name: str) -> Any:
     )
 
 
-async def ensure_pvc(
-    namespace: str,
-    name: str,
-    storage: str,
-    owner: dict[str, Any],
-    task_name: str,
-    from_snapshot: str | None = None,
-    storage_class: str | None = None,
-) -> None:
-    """Create the workspace PVC owned by the task (filled from VolumeSnapshot
-    ``from_snapshot`` when given), or adopt an existing (retained) one."""
+async def ensure_pvc(body: Manifest) -> None:
+    """Create the workspace PVC ``body`` (``children.workspace_pvc``), or adopt an
+    existing (retained) one of its name: owned by the task, labelled with it."""
+    meta = body["metadata"]
+    namespace, name, owner = meta["namespace"], meta["name"], meta["ownerReferences"][0]
+    task_name = meta["labels"][crd.TASK_LABEL]
     existing = await get_pvc(namespace, name)
     if existing is None:
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {crd.TASK_LABEL: task_name},
-                "ownerReferences": [owner],
-            },
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": storage}},
-            },
-        }
-        if storage_class is not None:
-            body["spec"]["storageClassName"] = storage_class
-        if from_snapshot is not None:
-            body["spec"]["dataSource"] = {
-                "apiGroup": crd.SNAPSHOT_GROUP,
-                "kind": crd.SNAPSHOT_KIND,
-                "name": from_snapshot,
-            }
-
-        def create() -> None:
-            try:
-                client.CoreV1Api().create_namespaced_persistent_volume_claim(namespace, body)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-
-        await asyncio.to_thread(create)
+        await _create_once(client.CoreV1Api().create_namespaced_persistent_volume_claim, body)
         return
     owners = existing.metadata.owner_references or []
     if not any(o.uid == owner["uid"] for o in owners):
-        patch = {"metadata": {"ownerReferences": [owner], "labels": {crd.TASK_LABEL: task_name}}}
-        await asyncio.to_thread(
-            client.CoreV1Api().patch_namespaced_persistent_volume_claim,
-            name, namespace, patch, _content_type=MERGE_PATCH,
-        )  # fmt: skip
+        patch = {"metadata": {"ownerReferences": [owner], "labels": children.labels(task_name)}}
+        await _in_thread(
+            lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+                name, namespace, patch, _content_type=MERGE_PATCH
+            )
+        )
 
 
 async def retain_pvc(namespace: str, name: str, checkpoint_ref: str) -> bool:
@@ -239,28 +226,18 @@ async def retain_pvc(namespace: str, name: str, checkpoint_ref: str) -> bool:
     The workspace PVC is owned by its task alone (created or adopted by the operator), so
     the owner list is cleared rather than filtered, which spares a read."""
 
-    def call() -> bool:
-        patch = {
-            "metadata": {
-                "ownerReferences": None,
-                "labels": {crd.CHECKPOINT_LABEL: checkpoint_ref},
-            }
-        }
-        try:
-            client.CoreV1Api().patch_namespaced_persistent_volume_claim(
-                name, namespace, patch, _content_type=MERGE_PATCH
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    return await asyncio.to_thread(call)
+    patch = {
+        "metadata": {"ownerReferences": None, "labels": {crd.CHECKPOINT_LABEL: checkpoint_ref}}
+    }
+    return await _done(
+        lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+            name, namespace, patch, _content_type=MERGE_PATCH
+        )
+    )
 
 
 async def claim_pvc(
-    namespace: str, name: str, resource_version: str, owner: dict[str, Any], task_name: str
+    namespace: str, name: str, resource_version: str, owner: Manifest, task_name: str
 ) -> bool:
     """Make the task the sole owner of retained PVC ``name``, if the PVC is still at
     ``resource_version`` (what the caller read and judged unheld); False if it changed
@@ -268,25 +245,19 @@ async def claim_pvc(
     API server's compare-and-swap, so of two tasks restoring one workspace at once,
     exactly one claims it."""
 
-    def call() -> bool:
-        patch = {
-            "metadata": {
-                "resourceVersion": resource_version,
-                "ownerReferences": [owner],
-                "labels": {crd.TASK_LABEL: task_name},
-            }
+    patch = {
+        "metadata": {
+            "resourceVersion": resource_version,
+            "ownerReferences": [owner],
+            "labels": children.labels(task_name),
         }
-        try:
-            client.CoreV1Api().patch_namespaced_persistent_volume_claim(
-                name, namespace, patch, _content_type=MERGE_PATCH
-            )
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return False
-            raise
-        return True
-
-    return await asyncio.to_thread(call)
+    }
+    return await _done(
+        lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+            name, namespace, patch, _content_type=MERGE_PATCH
+        ),
+        absent=(404, 409),
+    )
 
 
 async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | None]]:
@@ -298,30 +269,60 @@ async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | 
         found = []
         for pod in listed.items:
             volumes = (pod.spec.volumes if pod.spec else None) or []
-            if any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == pvc_name
-                   for v in volumes):  # fmt: skip
+            if any(
+                v.persistent_volume_claim and v.persistent_volume_claim.claim_name == pvc_name
+                for v in volumes
+            ):
                 owners = pod.metadata.owner_references or []
                 controller = next((o.uid for o in owners if o.controller), None)
                 found.append((str(pod.metadata.name), controller))
         return found
 
-    return await asyncio.to_thread(call)
+    return await _in_thread(call)
+
+
+async def daemon_ran_on(namespace: str, pvc_name: str) -> bool:
+    """Whether a pod mounting PVC ``pvc_name`` has its daemon's container running, or had
+    it running once: phase Running (or ended), or the container's state or last state
+    running or terminated. A pod whose init container never finished (a Workspace source
+    that cannot be cloned) or whose image never pulled has run nothing."""
+
+    def call() -> bool:
+        for pod in client.CoreV1Api().list_namespaced_pod(namespace).items:
+            volumes = (pod.spec.volumes if pod.spec else None) or []
+            if not any(
+                v.persistent_volume_claim and v.persistent_volume_claim.claim_name == pvc_name
+                for v in volumes
+            ):
+                continue
+            status = pod.status
+            if status is not None and status.phase in ("Running", "Succeeded", "Failed"):
+                return True
+            for container in (status.container_statuses if status else None) or []:
+                if container.name != crd.DAEMON_CONTAINER:
+                    continue
+                for state in (container.state, container.last_state):
+                    if state is not None and (state.running or state.terminated):
+                        return True
+        return False
+
+    return await _in_thread(call)
 
 
 async def delete_pvc(namespace: str, name: str) -> bool:
     """Delete PVC ``name``; False if there was none."""
-    return await _delete(
+    return await _done(
         lambda: client.CoreV1Api().delete_namespaced_persistent_volume_claim(name, namespace)
     )
 
 
 async def _get_custom(
     group: str, version: str, plural: str, namespace: str, name: str
-) -> dict[str, Any] | None:
+) -> Manifest | None:
     """A namespaced custom object, or None if there is none."""
 
-    def call() -> dict[str, Any]:
-        found: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+    def call() -> Manifest:
+        found: Manifest = client.CustomObjectsApi().get_namespaced_custom_object(
             group, version, namespace, plural, name
         )
         return found
@@ -329,43 +330,30 @@ async def _get_custom(
     return await _read(call)
 
 
-async def get_workspace(namespace: str, name: str) -> dict[str, Any] | None:
+async def get_workspace(namespace: str, name: str) -> Manifest | None:
     """caliban-operator's Workspace ``namespace/name``, or None."""
     return await _get_custom(crd.GROUP, crd.VERSION, crd.WORKSPACE_PLURAL, namespace, name)
 
 
-async def get_task(namespace: str, name: str) -> dict[str, Any] | None:
+async def get_task(namespace: str, name: str) -> Manifest | None:
     """The CalibanTask ``namespace/name``, or None."""
     return await _get_custom(crd.GROUP, crd.VERSION, crd.PLURAL, namespace, name)
 
 
-async def list_tasks() -> list[dict[str, Any]]:
+async def list_tasks() -> list[Manifest]:
     """Every CalibanTask in the cluster."""
 
-    def call() -> list[dict[str, Any]]:
+    def call() -> list[Manifest]:
         listed = client.CustomObjectsApi().list_cluster_custom_object(
             crd.GROUP, crd.VERSION, crd.PLURAL
         )
-        items: list[dict[str, Any]] = listed.get("items", [])
+        items: list[Manifest] = listed.get("items", [])
         return items
 
-    return await asyncio.to_thread(call)
+    return await _in_thread(call)
 
 
 # ----------------------------------------------------------------- snapshots
-
-
-async def _delete(call: Callable[[], object]) -> bool:
-    def absent_as_false() -> bool:
-        try:
-            call()
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    return await asyncio.to_thread(absent_as_false)
 
 
 async def snapshots_served() -> bool:
@@ -380,28 +368,22 @@ async def snapshots_served() -> bool:
 
 
 async def snapshot_classes() -> list[SnapshotClass]:
-    def call() -> list[SnapshotClass]:
-        try:
-            listed = client.CustomObjectsApi().list_cluster_custom_object(
-                crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_CLASS_PLURAL
+    listed = await _read(
+        lambda: client.CustomObjectsApi().list_cluster_custom_object(
+            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_CLASS_PLURAL
+        )
+    )
+    return [
+        SnapshotClass(
+            name=str(item["metadata"]["name"]),
+            driver=str(item.get("driver", "")),
+            default=(item["metadata"].get("annotations") or {}).get(
+                crd.DEFAULT_SNAPSHOT_CLASS_ANNOTATION
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return []
-            raise
-        return [
-            SnapshotClass(
-                name=str(item["metadata"]["name"]),
-                driver=str(item.get("driver", "")),
-                default=(item["metadata"].get("annotations") or {}).get(
-                    crd.DEFAULT_SNAPSHOT_CLASS_ANNOTATION
-                )
-                == "true",
-            )
-            for item in listed.get("items", [])
-        ]
-
-    return await asyncio.to_thread(call)
+            == "true",
+        )
+        for item in (listed or {}).get("items", [])
+    ]
 
 
 async def storage_driver(pvc: Any) -> str | None:
@@ -412,92 +394,111 @@ async def storage_driver(pvc: Any) -> str | None:
 
     def call() -> str | None:
         api = client.StorageV1Api()
-        try:
-            if named:
-                return str(api.read_storage_class(named).provisioner)
-            for item in api.list_storage_class().items:
-                annotations = item.metadata.annotations or {}
-                if annotations.get(crd.DEFAULT_STORAGE_CLASS_ANNOTATION) == "true":
-                    return str(item.provisioner)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        if named:
+            return str(api.read_storage_class(named).provisioner)
+        for item in api.list_storage_class().items:
+            annotations = item.metadata.annotations or {}
+            if annotations.get(crd.DEFAULT_STORAGE_CLASS_ANNOTATION) == "true":
+                return str(item.provisioner)
         return None
 
-    return await asyncio.to_thread(call)
+    return await _read(call)
 
 
-async def create_snapshot(
-    namespace: str, name: str, pvc_name: str, class_name: str, labels: dict[str, str]
-) -> None:
-    """Ask for VolumeSnapshot ``name`` of PVC ``pvc_name`` (idempotent: an existing one
-    of that name is kept). It has no owner: a checkpoint outlives its task."""
-    body = {
-        "apiVersion": crd.SNAPSHOT_API_VERSION,
-        "kind": crd.SNAPSHOT_KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "volumeSnapshotClassName": class_name,
-            "source": {"persistentVolumeClaimName": pvc_name},
-        },
-    }
-
-    def call() -> None:
-        try:
-            client.CustomObjectsApi().create_namespaced_custom_object(
-                crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, body
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    await asyncio.to_thread(call)
+async def create_snapshot(body: Manifest) -> None:
+    """Ask for VolumeSnapshot ``body`` (``children.workspace_snapshot``), idempotently: an
+    existing one of its name is kept."""
+    namespace = body["metadata"]["namespace"]
+    await _create(
+        lambda: client.CustomObjectsApi().create_namespaced_custom_object(
+            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, body
+        ),
+        namespace,
+    )
 
 
-async def get_snapshot(namespace: str, name: str) -> dict[str, Any] | None:
+async def get_snapshot(namespace: str, name: str) -> Manifest | None:
     return await _get_custom(
         crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_PLURAL, namespace, name
     )
 
 
-async def list_checkpoint_snapshots(
-    namespace: str, refs: Collection[str]
-) -> dict[str, dict[str, Any]]:
+async def list_checkpoint_snapshots(namespace: str, refs: Collection[str]) -> dict[str, Manifest]:
     """The VolumeSnapshots of checkpoints ``refs`` in ``namespace`` (by their checkpoint
-    label), by name, in one call."""
+    label), by name, in one call (none in a namespace that is gone)."""
     selector = f"{crd.CHECKPOINT_LABEL} in ({','.join(sorted(refs))})"
 
-    def call() -> dict[str, dict[str, Any]]:
+    def call() -> dict[str, Manifest]:
         listed = client.CustomObjectsApi().list_namespaced_custom_object(
-            crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL,
+            crd.SNAPSHOT_GROUP,
+            crd.SNAPSHOT_VERSION,
+            namespace,
+            crd.SNAPSHOT_PLURAL,
             label_selector=selector,
-        )  # fmt: skip
+        )
         return {str(item["metadata"]["name"]): item for item in listed.get("items") or []}
 
-    return await asyncio.to_thread(call)
+    found: dict[str, Manifest] = await _call(call, {404: {}})
+    return found
 
 
 async def delete_snapshot(namespace: str, name: str) -> bool:
     """Delete VolumeSnapshot ``name``; False if there was none."""
-    return await _delete(
+    return await _done(
         lambda: client.CustomObjectsApi().delete_namespaced_custom_object(
             crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, name
         )
     )
 
 
-async def patch_task_status(
-    namespace: str, name: str, status: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Write a CalibanTask's status now (kopf writes its patch only when a handler ends);
-    the object as written, or None when the task is gone."""
-    written: dict[str, Any] | None = await _read(
+EVENT_COMPONENT = "kopf"
+"""The component the operator's events are reported by: kopf's, which posts the rest."""
+
+
+async def post_event(involved: Manifest, type_: str, reason: str, message: str) -> bool:
+    """A core v1 Event about object ``involved`` (as the API served it), as kopf posts
+    the operator's others, for a caller outside kopf's handlers; False if the API
+    refused it (events are auxiliary: never an error of the caller's)."""
+    meta = involved["metadata"]
+    now = datetime.now(UTC).isoformat()
+    body = {
+        "metadata": {"namespace": meta["namespace"], "generateName": "kopf-event-"},
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "reportingComponent": EVENT_COMPONENT,
+        "source": {"component": EVENT_COMPONENT},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta.get("uid"),
+        },
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "eventTime": now,
+    }
+    try:
+        await _in_thread(
+            lambda: client.CoreV1Api().create_namespaced_event(meta["namespace"], body)
+        )
+    except ApiException:
+        return False
+    return True
+
+
+async def _patch_status(
+    plural: str, namespace: str, name: str, status: Manifest
+) -> Manifest | None:
+    """Merge ``status`` into the status subresource of our group's ``plural`` ``name``;
+    the object as written, or None when it is gone."""
+    written: Manifest | None = await _read(
         lambda: client.CustomObjectsApi().patch_namespaced_custom_object_status(
             crd.GROUP,
             crd.VERSION,
             namespace,
-            crd.PLURAL,
+            plural,
             name,
             {"status": status},
             _content_type=MERGE_PATCH,
@@ -506,13 +507,30 @@ async def patch_task_status(
     return written
 
 
-def drain_guard_name(task_name: str) -> str:
-    """The PodDisruptionBudget that guards a task's drain or resume in progress."""
-    return f"{task_name[:240]}-drain-guard"
+async def annotate_task(namespace: str, name: str, annotations: dict[str, str]) -> None:
+    """Set annotations on CalibanTask ``namespace/name`` (nothing if it is gone)."""
+    await _read(
+        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name,
+            {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH,
+        )
+    )  # fmt: skip
+
+
+async def patch_task_status(namespace: str, name: str, status: Manifest) -> Manifest | None:
+    """Write a CalibanTask's status now (kopf writes its patch only when a handler ends);
+    the object as written, or None when the task is gone."""
+    return await _patch_status(crd.PLURAL, namespace, name, status)
+
+
+async def patch_workspace_status(namespace: str, name: str, status: Manifest) -> Manifest | None:
+    """Merge ``status`` into Workspace ``namespace/name``'s status (``workspace_status``);
+    the Workspace as written, or None when it is gone."""
+    return await _patch_status(crd.WORKSPACE_PLURAL, namespace, name, status)
 
 
 async def guard_against_eviction(
-    namespace: str, task_name: str, owner: dict[str, Any], guarded: bool
+    namespace: str, task_name: str, owner: Manifest, guarded: bool
 ) -> None:
     """Create (``guarded``) or delete the task's drain guard: a PodDisruptionBudget with
     ``maxUnavailable: 0`` over the task's pod, so a voluntary eviction (``kubectl drain``,
@@ -520,25 +538,10 @@ async def guard_against_eviction(
     interrupting it. Outside an operation there is none: an eviction then is only a
     disruption the daemon's own SIGTERM drain and the operator's recovery absorb, and a
     node drain is never blocked for longer than an operation takes."""
-    name = drain_guard_name(task_name)
+    name = children.drain_guard_name(task_name)
     api = client.PolicyV1Api()
-
-    def call() -> None:
-        try:
-            if guarded:
-                api.create_namespaced_pod_disruption_budget(namespace, {
-                    "apiVersion": "policy/v1",
-                    "kind": "PodDisruptionBudget",
-                    "metadata": {"name": name, "namespace": namespace,
-                                 "labels": {crd.TASK_LABEL: task_name},
-                                 "ownerReferences": [owner]},
-                    "spec": {"maxUnavailable": 0,
-                             "selector": {"matchLabels": {crd.TASK_LABEL: task_name}}},
-                })  # fmt: skip
-            else:
-                api.delete_namespaced_pod_disruption_budget(name, namespace)
-        except ApiException as exc:
-            if exc.status not in (404, 409):  # already gone, or already there
-                raise
-
-    await asyncio.to_thread(call)
+    if not guarded:
+        await _done(lambda: api.delete_namespaced_pod_disruption_budget(name, namespace))
+        return
+    guard = children.drain_guard(task_name, namespace, owner)
+    await _create(lambda: api.create_namespaced_pod_disruption_budget(namespace, guard), namespace)

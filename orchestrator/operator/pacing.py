@@ -1,19 +1,24 @@
-"""When the operator looks at a task again: its cost follows events, not the fleet.
+"""When the operator looks at a task again (``requeue_after``): its cost follows events,
+not the fleet.
 
-A pass over a task (``handlers.Reconciler``) ends in one of three ways, and says which:
+A pass over a task (``reconcile.run``) ends in one of four ways, and says which
+(``TaskPass.requeue``):
 
 - **something is on its way** (an operation, provisioning, a resume, a backoff, a
   scale): the pass is repeated every ``reconcile_interval_secs`` until it settles, and
   sooner when the ledger says the operation moved;
 - **Running at rest** (every agent accounted for, nothing begun): the task is looked at
-  again only when its daemon's heartbeat says something new (``beat_signature``), or
+  again only when its daemon's heartbeat says something new (``heartbeat_signature``), or
   when a moment the last heartbeat sets falls due: the heartbeat goes silent, the idle
   timeout is reached, a recovery streak ends (``RunningWatch``);
+- **waiting for its daemon** (Provisioning, Resuming): its daemon's next heartbeat, a
+  change of its last operation, or of one of its children (Sandbox, pod, PVC: watched)
+  wakes it; nothing is polled;
 - **quiet** (Suspended, Completed, Failed, created suspended): only a change of the
   object (its spec, an annotation) or of its last operation wakes it.
 
 Whatever the case, the task is looked at again after ``resync_interval_secs``: the
-safety net under every event. Nothing here reads a clock or the ledger; ``next_look``
+safety net under every event. Nothing here reads a clock or the ledger; ``requeue_after``
 is handed both.
 """
 
@@ -36,7 +41,7 @@ Signature = tuple[object, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class Beat:
+class Heartbeat:
     """A daemon heartbeat as the pacing reads it."""
 
     received_at: datetime
@@ -45,10 +50,10 @@ class Beat:
     signature: Signature
 
 
-def beat_signature(activity: ActivityView) -> Signature:
+def heartbeat_signature(activity: ActivityView) -> Signature:
     """What a Running task's pass reads from a heartbeat, apart from its time: a new
     heartbeat with the same signature leaves the pass's decisions as they were (only
-    the deadlines ``next_look`` computes move)."""
+    the deadlines ``requeue_after`` computes move)."""
     return (
         activity.task_uid,
         activity.agents_total,
@@ -60,15 +65,15 @@ def beat_signature(activity: ActivityView) -> Signature:
     )
 
 
-def beat_of(activity: ActivityView) -> Beat | None:
+def heartbeat_of(activity: ActivityView) -> Heartbeat | None:
     """None for a row stored before the ledger kept receive stamps (the pass then
     looks again every interval, as it always did)."""
     if activity.received_at is None:
         return None
-    return Beat(activity.received_at, activity.idle_for_secs, beat_signature(activity))
+    return Heartbeat(activity.received_at, activity.idle_for_secs, heartbeat_signature(activity))
 
 
-def newer(a: Beat | None, b: Beat | None) -> Beat | None:
+def newer(a: Heartbeat | None, b: Heartbeat | None) -> Heartbeat | None:
     if a is None or b is None:
         return a or b
     return b if b.received_at > a.received_at else a
@@ -85,14 +90,34 @@ class RunningWatch:
     """When the current recovery streak ends (``status.recoveryStreak`` goes to 0)."""
     fresh_since: datetime | None = None
     """``status.phaseSince``: the idle pause reads only a heartbeat stored after it
-    (``Reconciler.fresh_activity``), so only such a heartbeat sets an idle deadline."""
+    (``TaskPass.fresh_activity``), so only such a heartbeat sets an idle deadline."""
 
 
 @dataclass(frozen=True, slots=True)
-class Rest:
-    """How a pass left its task: ``running`` set for Running at rest, None for quiet."""
+class Requeue:
+    """How a pass left its task: ``running`` set for Running at rest; ``awaiting`` for a
+    task waiting for its daemon (a new heartbeat, past ``awaiting``'s, wakes it); neither
+    for quiet."""
 
     running: RunningWatch | None = None
+    awaiting: Heartbeat | None = None
+    waiting: bool = False
+    """Waiting for the daemon's heartbeat (``awaiting`` the newest one already seen)."""
+
+
+FAILURE_BACKOFF_FIRST_SECS = 1.0
+FAILURE_BACKOFF_MAX_SECS = 300.0
+
+
+def failure_backoff(failures: int) -> float:
+    """How long a task's steward waits after ``failures`` passes in a row failed: 1 s,
+    doubling up to 5 min; 0 after a success. A failing dependency (the ledger down, the
+    API refusing) then costs a fleet a few passes a minute, not one per task per
+    reconcile interval."""
+    if failures <= 0:
+        return 0.0
+    doubled: float = FAILURE_BACKOFF_FIRST_SECS * 2.0 ** min(failures - 1, 32)
+    return min(doubled, FAILURE_BACKOFF_MAX_SECS)
 
 
 def streak_resets_at(streak: int, last_recovery_at: datetime | None) -> datetime | None:
@@ -101,7 +126,7 @@ def streak_resets_at(streak: int, last_recovery_at: datetime | None) -> datetime
     return last_recovery_at + timedelta(seconds=RECOVERY_STREAK_RESET_SECS)
 
 
-def idle_due(beat: Beat, idle_timeout_secs: float, bridge_secs: float) -> datetime | None:
+def idle_due(beat: Heartbeat, idle_timeout_secs: float, bridge_secs: float) -> datetime | None:
     """When ``should_idle_pause`` turns true on ``beat`` alone: the heartbeat's idle
     measure plus the time since it arrived, which counts for at most ``bridge_secs``
     (``lifecycle.idle_secs``). None when it cannot on this heartbeat (not idle, or the
@@ -114,10 +139,10 @@ def idle_due(beat: Beat, idle_timeout_secs: float, bridge_secs: float) -> dateti
     return beat.received_at + timedelta(seconds=max(remaining, 0.0))
 
 
-def next_look(
+def requeue_after(
     now: datetime,
-    rest: Rest | None,
-    beat: Beat | None,
+    requeue: Requeue | None,
+    beat: Heartbeat | None,
     *,
     follow_up_secs: float,
     resync_secs: float,
@@ -126,11 +151,14 @@ def next_look(
 ) -> float:
     """Seconds until the task's next pass, unless an event comes first (0: now).
 
-    ``rest`` is how the last pass left the task (None: something is on its way);
+    ``requeue`` is how the last pass left the task (None: something is on its way);
     ``beat`` the newest heartbeat known for it, from the pass or from the feed since."""
-    if rest is None:
+    if requeue is None:
         return min(follow_up_secs, resync_secs)
-    watch = rest.running
+    if requeue.waiting:
+        # Waiting for the daemon: its first (or next) heartbeat is the news, nothing else.
+        return 0.0 if beat is not None and beat != requeue.awaiting else resync_secs
+    watch = requeue.running
     if watch is None:
         return resync_secs
     if beat is None or beat.signature != watch.signature:

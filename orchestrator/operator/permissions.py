@@ -25,11 +25,12 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import kopf
 
 from orchestrator.operator import crd
+from orchestrator.operator.crd import Manifest
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Need(enum.Enum):
     MANAGE_SANDBOX = "manage-sandbox"  # drainctl operator --manage-sandbox
     SNAPSHOTS = "snapshots"  # --manage-sandbox with DRAIN_SNAPSHOTS (the default)
     PEERING = "peering"  # drainctl operator --peering NAME
+    WORKSPACE_STATUS = "workspace-status"  # Settings.writes_workspace_status
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,9 @@ class Permission:
     need: Need = Need.ALWAYS
     resource_names: tuple[str, ...] = ()
 
-    def rule(self) -> dict[str, Any]:
+    def rule(self) -> Manifest:
         """As a ClusterRole rule."""
-        rule: dict[str, Any] = {
+        rule: Manifest = {
             "apiGroups": [self.group],
             "resources": [self.resource],
             "verbs": list(self.verbs),
@@ -77,30 +79,42 @@ class Permission:
 PERMISSIONS: Final = (
     Permission(crd.GROUP, crd.PLURAL, ("get", "list", "watch", "patch"),
                "kopf watches CalibanTasks (list, watch) and patches their finalizer and "
-               "progress annotations (patch); Reconciler.holder_of reads the task that owns "
+               "progress annotations (patch); restore.holder_of reads the task that owns "
                "a workspace PVC (kube.get_task)"),
-    Permission(crd.GROUP, crd.WORKSPACE_PLURAL, ("get",),
+    Permission(crd.GROUP, crd.WORKSPACE_PLURAL, ("get", "list", "watch"),
                "kube.get_workspace: the Workspace a task's spec.workspaceRef names, read "
                "until its binding is pinned in the task's status (never its providers' "
-               "Secrets: the pod reads those through secretKeyRef)"),
+               "Secrets: the pod reads those through secretKeyRef); kopf watches "
+               "Workspaces (list, watch) for handlers.workspace_observed"),
+    Permission(crd.GROUP, f"{crd.WORKSPACE_PLURAL}/status", ("patch",),
+               "kube.patch_workspace_status: each Workspace's phase, message, "
+               "observedGeneration and Ready condition (workspace_status), where "
+               "DRAIN_WORKSPACE_STATUS says this operator writes them",
+               Need.WORKSPACE_STATUS),
     Permission(crd.GROUP, f"{crd.PLURAL}/status", ("patch",),
                "kopf's status patches of every handler; kube.patch_task_status"),
     Permission("", "events", ("create",),
-               "kopf.info/kopf.warn post the phase and drain events (core v1 events)"),
+               "kopf.info/kopf.warn post the phase and drain events, kube.post_event the "
+               "snapshot follower's (core v1 events)"),
+    Permission("", "namespaces", ("get",),
+               "kube.namespace_terminating: the drain finalizer reads whether the task's "
+               "namespace is being deleted (nothing can be created there then)"),
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch"),
                "kopf's resource scanning (list, watch); kube.sandbox_api and "
                "kube.snapshots_served read the Sandbox and VolumeSnapshot CRDs (get)"),
-    Permission(crd.SANDBOX_GROUP, crd.SANDBOX_PLURAL, ("get", "create", "patch"),
+    Permission(crd.SANDBOX_GROUP, crd.SANDBOX_PLURAL, ("get", "list", "watch", "create", "patch"),
                "kube.create_sandbox, kube.get_sandbox, kube.patch_sandbox (suspend, resume); "
-               "v1alpha1 or v1beta1 (RBAC does not tell versions apart)",
-               Need.MANAGE_SANDBOX),
-    Permission("", "persistentvolumeclaims", ("get", "create", "patch"),
+               "handlers.child_changed watches them (list, watch); v1alpha1 or v1beta1 "
+               "(RBAC does not tell versions apart)", Need.MANAGE_SANDBOX),
+    Permission("", "persistentvolumeclaims", ("get", "list", "watch", "create", "patch"),
                "kube.get_pvc, kube.ensure_pvc (create, patch), kube.retain_pvc and "
-               "kube.claim_pvc (patch ownerReferences); a released PVC goes by garbage "
-               "collection, never by the operator's delete", Need.MANAGE_SANDBOX),
-    Permission("", "pods", ("list",),
-               "kube.pods_mounting (Reconciler.last_pod_on): no second daemon on a workspace "
-               "PVC a pod still mounts", Need.MANAGE_SANDBOX),
+               "kube.claim_pvc (patch ownerReferences); handlers.child_changed watches them "
+               "(list, watch); a released PVC goes by garbage collection, never by the "
+               "operator's delete", Need.MANAGE_SANDBOX),
+    Permission("", "pods", ("list", "watch"),
+               "kube.pods_mounting (restore.last_pod_on): no second daemon on a workspace "
+               "PVC a pod still mounts; handlers.child_changed watches them",
+               Need.MANAGE_SANDBOX),
     Permission("policy", "poddisruptionbudgets", ("create", "delete"),
                "kube.guard_against_eviction: the drain guard PDB while a drain runs",
                Need.MANAGE_SANDBOX),
@@ -121,8 +135,9 @@ PERMISSIONS: Final = (
                resource_names=(BROKER_SECRET,)),
     Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_PLURAL, ("get", "list", "create"),
                "kube.create_snapshot, kube.get_snapshot, kube.list_checkpoint_snapshots: the "
-               "workspace snapshot of each checkpoint, those deletions wait for listed by "
-               "their checkpoint label (drainctl ledger prune deletes them, not the operator)",
+               "workspace snapshot of each checkpoint, those deletions wait for and those "
+               "the snapshot follower follows listed by their checkpoint label (drainctl "
+               "ledger prune deletes them, not the operator)",
                Need.SNAPSHOTS),
     Permission(crd.SNAPSHOT_GROUP, crd.SNAPSHOT_CLASS_PLURAL, ("list",),
                "kube.snapshot_classes: the class for the PVC's CSI driver", Need.SNAPSHOTS),
@@ -136,10 +151,10 @@ PERMISSIONS: Final = (
 
 UNREACHED: Final[Mapping[tuple[str, str, str], str]] = {
     (crd.GROUP, crd.WORKSPACE_PLURAL, "get"):
-        "Reconciler.bind_workspace → kube.get_workspace: a task with spec.workspaceRef "
+        "provisioning.bind_workspace → kube.get_workspace: a task with spec.workspaceRef "
         "(tests/e2e/test_workspace.py runs one; the recorded run's tasks name none)",
     (crd.GROUP, crd.PLURAL, "get"):
-        "Reconciler.holder_of → kube.get_task: restoring a checkpoint without a snapshot "
+        "restore.holder_of → kube.get_task: restoring a checkpoint without a snapshot "
         "whose workspace PVC another task still owns (the recorded run has snapshots)",
     ("", "secrets", "patch"):
         "kube.ensure_broker_secret: the Secret holds another broker URL (the operator's "
@@ -155,9 +170,14 @@ def active(need: Iterable[Need]) -> list[Permission]:
     return [p for p in PERMISSIONS if p.need in wanted]
 
 
-def needs_of(*, manage_sandbox: bool, snapshots: bool, peering: bool) -> list[Need]:
-    """The needs of a configuration of ``drainctl operator``."""
+def needs_of(
+    *, manage_sandbox: bool, snapshots: bool, peering: bool, workspace_status: bool = False
+) -> list[Need]:
+    """The needs of a configuration of ``drainctl operator`` (``workspace_status``:
+    ``Settings.writes_workspace_status``)."""
     needs = [Need.ALWAYS]
+    if workspace_status:
+        needs.append(Need.WORKSPACE_STATUS)
     if manage_sandbox:
         needs.append(Need.MANAGE_SANDBOX)
         if snapshots:
@@ -242,15 +262,39 @@ def find_missing(exc: BaseException) -> MissingPermissions | None:
     return None
 
 
+NAMESPACE_TERMINATING_CAUSE: Final = "NamespaceTerminating"
+"""The cause of the 403 with which the API's NamespaceLifecycle admission refuses to
+create anything in a namespace being deleted (``v1.NamespaceTerminatingCause``)."""
+
+
+def _status_of(exc: BaseException) -> Manifest:
+    try:
+        body = json.loads(getattr(exc, "body", "") or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def refused_as_terminating(exc: BaseException) -> bool:
+    """Whether ``exc`` is the API refusing a create because the namespace is being
+    deleted: a rule of the cluster, not a missing permission. Told by the Status's cause
+    (``NamespaceTerminating``), or by its message where a server gives no cause."""
+    if getattr(exc, "status", None) != 403:
+        return False
+    status = _status_of(exc)
+    causes = (status.get("details") or {}).get("causes") or []
+    if any(c.get("reason") == NAMESPACE_TERMINATING_CAUSE for c in causes if isinstance(c, dict)):
+        return True
+    return "because it is being terminated" in str(status.get("message", ""))
+
+
 def forbidden_permission(exc: BaseException) -> str | None:
     """For a 403 of the official client: the permission the API refused, described from
-    its Status message (``... cannot patch resource "x" in API group "g" ...``)."""
-    if getattr(exc, "status", None) != 403:
+    its Status message (``... cannot patch resource "x" in API group "g" ...``); None for
+    any other error, and for a create refused in a namespace being deleted."""
+    if getattr(exc, "status", None) != 403 or refused_as_terminating(exc):
         return None
-    try:
-        message = str(json.loads(getattr(exc, "body", "") or "{}").get("message", ""))
-    except ValueError:
-        message = ""
+    message = str(_status_of(exc).get("message", ""))
     return message or str(getattr(exc, "reason", "Forbidden"))
 
 

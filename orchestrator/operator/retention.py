@@ -108,9 +108,15 @@ def _item(
     c: Restorable, action: PruneAction, why: str, snapshot: str | None, pvc: str | None
 ) -> PruneItem:
     return PruneItem(
-        ref=c.ref, namespace=c.namespace, task=f"{c.namespace}/{c.name}",
-        created_at=c.created_at, action=action, why=why, snapshot=snapshot, pvc=pvc,
-    )  # fmt: skip
+        ref=c.ref,
+        namespace=c.namespace,
+        task=f"{c.namespace}/{c.name}",
+        created_at=c.created_at,
+        action=action,
+        why=why,
+        snapshot=snapshot,
+        pvc=pvc,
+    )
 
 
 def restorable_checkpoints(ledger: Ledger, page: int = SCAN_PAGE) -> list[CheckpointStorageView]:

@@ -21,6 +21,7 @@ status, ledger row or Celery message.
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import re
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from orchestrator.operator import crd
+from orchestrator.operator.crd import Manifest
+from worker_agent.k8s_names import is_dns_label
 
 DRIVEN_KINDS: Final = ("ollama", "openai", "openai-compatible")
 """Provider kinds the daemon's ``openai`` provider drives."""
@@ -39,7 +42,6 @@ API_KEY_ENV: Final = "OPENAI_API_KEY"
 SOURCES_ENV: Final = "CALIBAN_SOURCES"
 """Read by ``drainctl sources`` (``worker_agent.sources.SOURCES_ENV``)."""
 RESERVED_PATHS: Final = (crd.WORKSPACE_MOUNT, crd.RUN_MOUNT)
-_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class WorkspaceProblem(Exception):
@@ -75,10 +77,13 @@ class Binding:
     """(Secret name, key) of the API key, or None for a keyless provider."""
     sources: tuple[Source, ...]
     env: tuple[tuple[str, str], ...]
+    runtime_class: str | None = None
+    """The Workspace's default ``isolation.runtimeClass``: the pod's ``runtimeClassName``
+    unless the task names its own."""
 
-    def to_status(self) -> dict[str, Any]:
+    def to_status(self) -> Manifest:
         """As ``status.resolvedWorkspace``: names only, never a credential's value."""
-        provider: dict[str, Any] = {
+        provider: Manifest = {
             "name": self.provider, "kind": self.kind, "model": self.model,
             "baseUrl": self.base_url,
         }  # fmt: skip
@@ -86,7 +91,7 @@ class Binding:
             provider["credentialsRef"] = {
                 "secretName": self.credentials[0], "key": self.credentials[1],
             }  # fmt: skip
-        return {
+        pinned: Manifest = {
             "name": self.workspace,
             "provider": provider,
             "sources": [
@@ -94,6 +99,9 @@ class Binding:
             ],
             "env": [{"name": n, "value": v} for n, v in self.env],
         }
+        if self.runtime_class is not None:
+            pinned["isolation"] = {"runtimeClass": self.runtime_class}
+        return pinned
 
     @classmethod
     def from_status(cls, pinned: Any) -> Binding | None:
@@ -114,6 +122,7 @@ class Binding:
                     for s in pinned["sources"]
                 ),
                 env=tuple((str(e["name"]), str(e["value"])) for e in pinned.get("env", [])),
+                runtime_class=(pinned.get("isolation") or {}).get("runtimeClass"),
             )
         except (KeyError, TypeError, AttributeError):
             return None
@@ -131,7 +140,7 @@ def _invalid(name: str, message: str) -> WorkspaceProblem:
     return WorkspaceProblem("InvalidWorkspace", f"Workspace {name}: {message}")
 
 
-def _sources(name: str, spec: dict[str, Any]) -> tuple[Source, ...]:
+def _sources(name: str, spec: Manifest) -> tuple[Source, ...]:
     items = spec.get("sources")
     if not isinstance(items, list) or not items:
         raise _invalid(name, "spec.sources must list at least one source")
@@ -141,7 +150,7 @@ def _sources(name: str, spec: dict[str, Any]) -> tuple[Source, ...]:
             raise _invalid(name, f"source {item!r} is not an object")
         source, repo, path = item.get("name"), item.get("repo"), item.get("path")
         ref = item.get("ref") or "main"
-        if not isinstance(source, str) or not _DNS_LABEL.match(source):
+        if not isinstance(source, str) or not is_dns_label(source):
             raise _invalid(name, f"source name {source!r} is not a DNS label")
         if not isinstance(repo, str) or not repo:
             raise _invalid(name, f"source {source} has no repo")
@@ -152,10 +161,13 @@ def _sources(name: str, spec: dict[str, Any]) -> tuple[Source, ...]:
         path = posixpath.normpath(path)
         for reserved in RESERVED_PATHS:
             if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path):
-                raise _invalid(name, (
-                    f"source {source}: path {path} overlaps {reserved}, which the daemon "
-                    "container mounts itself"
-                ))  # fmt: skip
+                raise _invalid(
+                    name,
+                    (
+                        f"source {source}: path {path} overlaps {reserved}, which the daemon "
+                        "container mounts itself"
+                    ),
+                )
         if source in {s.name for s in sources}:
             raise _invalid(name, f"source {source} is listed twice")
         if path in {s.path for s in sources}:
@@ -164,7 +176,7 @@ def _sources(name: str, spec: dict[str, Any]) -> tuple[Source, ...]:
     return tuple(sources)
 
 
-def _env(name: str, spec: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+def _env(name: str, spec: Manifest) -> tuple[tuple[str, str], ...]:
     items = spec.get("env") or []
     if not isinstance(items, list):
         raise _invalid(name, "spec.env must be a list")
@@ -178,11 +190,23 @@ def _env(name: str, spec: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def _chosen(name: str, spec: dict[str, Any], provider_ref: str | None) -> dict[str, Any]:
+def _providers(name: str, spec: Manifest) -> dict[str, Manifest]:
+    """The Workspace's providers by name; each name once (a task names one by it)."""
     providers = spec.get("providers")
     if not isinstance(providers, list) or not providers:
         raise _invalid(name, "spec.providers must list at least one provider")
-    by_name = {p.get("name"): p for p in providers if isinstance(p, dict)}
+    by_name: dict[str, Manifest] = {}
+    for provider in providers:
+        if not isinstance(provider, dict) or not isinstance(provider.get("name"), str):
+            raise _invalid(name, f"provider {provider!r} has no name")
+        if provider["name"] in by_name:
+            raise _invalid(name, f"provider {provider['name']} is listed twice")
+        by_name[provider["name"]] = provider
+    return by_name
+
+
+def _chosen(name: str, spec: Manifest, provider_ref: str | None) -> Manifest:
+    by_name = _providers(name, spec)
     if provider_ref is not None:
         wanted, why = provider_ref, "spec.providerRef"
     elif spec.get("defaultProvider"):
@@ -190,28 +214,37 @@ def _chosen(name: str, spec: dict[str, Any], provider_ref: str | None) -> dict[s
     elif len(by_name) == 1:
         return next(iter(by_name.values()))
     else:
-        raise WorkspaceProblem("NoDefaultProvider", (
-            f"Workspace {name} has {len(by_name)} providers and no defaultProvider: set "
-            "spec.providerRef to one of " + ", ".join(sorted(map(str, by_name)))
-        ))  # fmt: skip
+        raise WorkspaceProblem(
+            "NoDefaultProvider",
+            (
+                f"Workspace {name} has {len(by_name)} providers and no defaultProvider: set "
+                "spec.providerRef to one of " + ", ".join(sorted(map(str, by_name)))
+            ),
+        )
     if wanted not in by_name:
-        raise WorkspaceProblem("ProviderNotFound", (
-            f"{why} names provider {wanted!r}, which Workspace {name} does not define "
-            "(it has " + ", ".join(sorted(map(str, by_name))) + ")"
-        ))  # fmt: skip
+        raise WorkspaceProblem(
+            "ProviderNotFound",
+            (
+                f"{why} names provider {wanted!r}, which Workspace {name} does not define "
+                "(it has " + ", ".join(sorted(map(str, by_name))) + ")"
+            ),
+        )
     return by_name[wanted]
 
 
-def _base_url(name: str, provider: dict[str, Any], kind: str) -> str:
+def _base_url(name: str, provider: Manifest, kind: str) -> str:
     base = provider.get("baseUrl")
     if base is not None and not isinstance(base, str):
         raise _invalid(name, f"provider {provider['name']}: baseUrl is not a string")
     if not base:
         if kind != "ollama":
-            raise WorkspaceProblem("ProviderNeedsBaseUrl", (
-                f"provider {provider['name']} of Workspace {name} (kind {kind}) has no "
-                "baseUrl; caliban-drain configures no remote endpoint by default"
-            ))  # fmt: skip
+            raise WorkspaceProblem(
+                "ProviderNeedsBaseUrl",
+                (
+                    f"provider {provider['name']} of Workspace {name} (kind {kind}) has no "
+                    "baseUrl; caliban-drain configures no remote endpoint by default"
+                ),
+            )
         base = OLLAMA_DEFAULT_URL
     parts = urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -223,59 +256,116 @@ def _base_url(name: str, provider: dict[str, Any], kind: str) -> str:
 
 
 def resolve(
-    workspace: dict[str, Any] | None, name: str, provider_ref: str | None, task_model: str
+    workspace: Manifest | None, name: str, provider_ref: str | None, task_model: str
 ) -> Binding:
     """The binding of a task to Workspace ``name`` (``workspace`` as the API returned it,
     None when there is none), or WorkspaceProblem saying why there is none."""
     if workspace is None:
-        raise WorkspaceProblem("WorkspaceNotFound", (
-            f"spec.workspaceRef names Workspace {name}, which does not exist in the "
-            "task's namespace; the task starts once it does"
-        ))  # fmt: skip
+        raise WorkspaceProblem(
+            "WorkspaceNotFound",
+            (
+                f"spec.workspaceRef names Workspace {name}, which does not exist in the "
+                "task's namespace; the task starts once it does"
+            ),
+        )
     spec = workspace.get("spec")
     if not isinstance(spec, dict):
         raise _invalid(name, "it has no spec")
     provider = _chosen(name, spec, provider_ref)
+    kind, base_url, credentials = _driven(
+        name, provider, "nothing was started: pick another provider with spec.providerRef"
+    )
+    model = task_model or provider.get("model") or ""
+    if not isinstance(model, str) or not model:
+        raise _invalid(name, f"provider {provider['name']} has no model, nor does spec.task")
+    return Binding(
+        workspace=name,
+        provider=str(provider["name"]),
+        kind=kind,
+        model=model,
+        base_url=base_url,
+        credentials=credentials,
+        sources=_sources(name, spec),
+        env=_env(name, spec),
+        runtime_class=_runtime_class(name, spec),
+    )
+
+
+def _driven(name: str, provider: Manifest, refused: str) -> tuple[str, str, tuple[str, str] | None]:
+    """How the daemon drives ``provider``: (its kind, lower-case; the API root its agents
+    call; (Secret name, key) of its API key or None), or why it cannot (a kind it does
+    not drive: ``refused`` says what follows)."""
     kind = provider.get("kind")
     if not isinstance(kind, str) or not kind:
         raise _invalid(name, f"provider {provider.get('name')} has no kind")
     if kind.lower() not in DRIVEN_KINDS:
-        raise WorkspaceProblem("UnsupportedProviderKind", (
-            f"provider {provider['name']} of Workspace {name} is of kind {kind}, which "
-            f"caliban-drain cannot drive yet (it drives {', '.join(DRIVEN_KINDS)}); "
-            "nothing was started: pick another provider with spec.providerRef"
-        ))  # fmt: skip
-    model = task_model or provider.get("model") or ""
-    if not isinstance(model, str) or not model:
-        raise _invalid(name, f"provider {provider['name']} has no model, nor does spec.task")
+        raise WorkspaceProblem(
+            "UnsupportedProviderKind",
+            (
+                f"provider {provider['name']} of Workspace {name} is of kind {kind}, which "
+                f"caliban-drain cannot drive yet (it drives {', '.join(DRIVEN_KINDS)}); " + refused
+            ),
+        )
     ref = provider.get("credentialsRef")
     credentials = None
     if ref is not None:
         if not isinstance(ref, dict) or not ref.get("secretName") or not ref.get("key"):
-            raise _invalid(name, f"provider {provider['name']}: credentialsRef needs "
-                                 "secretName and key")  # fmt: skip
+            raise _invalid(
+                name, f"provider {provider['name']}: credentialsRef needs secretName and key"
+            )
         credentials = (str(ref["secretName"]), str(ref["key"]))
-    return Binding(
-        workspace=name,
-        provider=str(provider["name"]),
-        kind=kind.lower(),
-        model=model,
-        base_url=_base_url(name, provider, kind.lower()),
-        credentials=credentials,
-        sources=_sources(name, spec),
-        env=_env(name, spec),
-    )
+    return kind.lower(), _base_url(name, provider, kind.lower()), credentials
 
 
-def pod_parts(binding: Binding, image: str) -> dict[str, Any]:
+def validate(workspace: Manifest) -> None:
+    """Whether every task bound to ``workspace`` could be started, whichever provider it
+    picks: WorkspaceProblem with the first thing that keeps one from it, as ``resolve``
+    would say it (the reasons are the same). Its providers each once, the
+    ``defaultProvider`` one of them, every provider of a kind the daemon drives with what
+    that kind needs, every source and env entry usable. A provider's ``model`` may be
+    missing (a task may name its own), and a ``credentialsRef`` is checked for its shape
+    only: the operator never reads a tenant's Secret."""
+    name = str((workspace.get("metadata") or {}).get("name", ""))
+    spec = workspace.get("spec")
+    if not isinstance(spec, dict):
+        raise _invalid(name, "it has no spec")
+    providers = _providers(name, spec)
+    default = spec.get("defaultProvider")
+    if default and default not in providers:
+        raise WorkspaceProblem(
+            "ProviderNotFound",
+            (
+                f"Workspace {name}'s defaultProvider names provider {default!r}, which it "
+                "does not define (it has " + ", ".join(sorted(providers)) + ")"
+            ),
+        )
+    for provider in providers.values():
+        _driven(name, provider, "a task bound to it is refused")
+    _sources(name, spec)
+    _env(name, spec)
+    _runtime_class(name, spec)
+
+
+def _runtime_class(name: str, spec: Manifest) -> str | None:
+    isolation = spec.get("isolation") or {}
+    if not isinstance(isolation, dict):
+        raise _invalid(name, "isolation must be an object")
+    runtime_class = isolation.get("runtimeClass") or None
+    if runtime_class is not None and not isinstance(runtime_class, str):
+        raise _invalid(name, f"isolation.runtimeClass {runtime_class!r} is not a name")
+    return runtime_class
+
+
+def pod_parts(binding: Binding, image: str) -> Manifest:
     """What a binding adds to the daemon's pod: the env its agents read the provider
     from (the key through ``secretKeyRef``), the sources' mounts, and the init container
     that clones them (``drainctl sources``)."""
-    env: list[dict[str, Any]] = [{"name": BASE_URL_ENV, "value": binding.base_url}]
+    env: list[Manifest] = [{"name": BASE_URL_ENV, "value": binding.base_url}]
     if binding.credentials is not None:
         secret, key = binding.credentials
-        env.append({"name": API_KEY_ENV,
-                    "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})  # fmt: skip
+        env.append(
+            {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        )
     env += [{"name": n, "value": v} for n, v in binding.env]
     mounts = [
         {"name": "workspace", "mountPath": s.path, "subPath": f"{crd.SOURCES_DIR}/{s.name}"}
@@ -287,7 +377,11 @@ def pod_parts(binding: Binding, image: str) -> dict[str, Any]:
         "command": ["drainctl"],
         "args": ["sources", "--into", f"{crd.WORKSPACE_MOUNT}/{crd.SOURCES_DIR}"],
         "env": [{"name": SOURCES_ENV, "value": binding.sources_json()}],
-        "volumeMounts": [{"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT}],
+        "securityContext": copy.deepcopy(crd.CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": crd.WORKSPACE_MOUNT},
+            {"name": crd.TMP_VOLUME, "mountPath": crd.TMP_MOUNT},
+        ],
     }
     return {"env": env, "volumeMounts": mounts, "initContainers": [init]}
 

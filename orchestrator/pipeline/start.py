@@ -90,9 +90,16 @@ def start_drain(
     drains only the others (``caliban.daemon.scale_down``), whose refs are the
     checkpoint."""
     drain = DrainStart(
-        namespace, name, task_uid=task_uid, grace_secs=grace_secs, kind=kind, reason=reason,
-        pvc_name=pvc_name, idempotency_key=idempotency_key, keep_agents=keep_agents,
-    )  # fmt: skip
+        namespace,
+        name,
+        task_uid=task_uid,
+        grace_secs=grace_secs,
+        kind=kind,
+        reason=reason,
+        pvc_name=pvc_name,
+        idempotency_key=idempotency_key,
+        keep_agents=keep_agents,
+    )
     return start_drains(app, ledger, settings, [drain])[0]
 
 
@@ -112,13 +119,17 @@ def start_drains(
     ops = ledger.begin_operations(
         [
             _new_operation(
-                d.kind, d.namespace, d.name, d.task_uid, d.idempotency_key,
+                d.kind,
+                d.namespace,
+                d.name,
+                d.task_uid,
+                d.idempotency_key,
                 within_secs=settings.drain_expires_secs + grace + settings.record_deadline_secs,
                 grace_secs=grace,
             )
             for d, grace in zip(drains, graces, strict=True)
         ]
-    )  # fmt: skip
+    )
     sends: dict[str, Callable[[], OperationMove]] = {}
     for drain, queue, grace, op in zip(drains, queues, graces, ops, strict=True):
         if op.state is not OperationState.PENDING or op.id in sends:
@@ -225,10 +236,15 @@ def start_resume(
     restarted with agents no longer running, outside any pause)."""
     queue = daemon_queue(namespace, name)
     op = _begin(
-        ledger, kind, namespace, name, task_uid, idempotency_key,
+        ledger,
+        kind,
+        namespace,
+        name,
+        task_uid,
+        idempotency_key,
         within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
         checkpoint_ref=checkpoint_ref,
-    )  # fmt: skip
+    )
     if op.state is not OperationState.PENDING:
         return op
     agents: list[ResumeAgent] = []
@@ -244,11 +260,13 @@ def start_resume(
         # (a newer checkpoint of it) is refused by the daemon, never resumed in its name.
         agents = [
             ResumeAgent(
-                id=a.agent_id, session_dir=a.session_dir, turns=a.turns,
+                id=a.agent_id,
+                session_dir=a.session_dir,
+                turns=a.turns,
                 session_sha256=a.session_sha256,
             )
             for a in checkpoint.agents
-        ]  # fmt: skip
+        ]
     request = ResumeRequest(
         op_id=op.id, agents=agents, task_uid=task_uid, provider=provider, model=model
     )
@@ -276,16 +294,25 @@ def start_scale_up(
     checkpoint whose retired agents it resumes, so the ledger says the workspace has
     moved on from it."""
     op = _begin(
-        ledger, OperationKind.SCALE_UP, namespace, name, task_uid, idempotency_key,
+        ledger,
+        OperationKind.SCALE_UP,
+        namespace,
+        name,
+        task_uid,
+        idempotency_key,
         within_secs=settings.resume_expires_secs + settings.record_deadline_secs,
         checkpoint_ref=checkpoint_ref,
-    )  # fmt: skip
+    )
     if op.state is not OperationState.PENDING:
         return op
     request = ScaleUpRequest(
-        op_id=op.id, agents=agents, provider=provider, model=model, prompt=prompt,
+        op_id=op.id,
+        agents=agents,
+        provider=provider,
+        model=model,
+        prompt=prompt,
         task_uid=task_uid,
-    )  # fmt: skip
+    )
     queue = daemon_queue(namespace, name)
     return _send_to_resume(app, ledger, settings, op, queue, DAEMON_SCALE_UP, request)
 
@@ -302,9 +329,11 @@ def _send_to_resume(
     """Send ``task`` (it waits in the daemon's queue for the pod) → ``record_resume``,
     then move the operation to ``resuming``."""
     resume = app.signature(
-        task, kwargs=request.model_dump(mode="json"), queue=queue,
+        task,
+        kwargs=request.model_dump(mode="json"),
+        queue=queue,
         expires=settings.resume_expires_secs,
-    ).set(task_id=f"{op.id}.resume")  # fmt: skip
+    ).set(task_id=f"{op.id}.resume")
     record = app.signature(
         RECORD_RESUME,
         kwargs=RecordResumeArgs(op_id=op.id).model_dump(mode="json"),
@@ -335,11 +364,17 @@ def _begin(
     return ledger.begin_operations(
         [
             _new_operation(
-                kind, namespace, name, task_uid, idempotency_key, within_secs=within_secs,
-                grace_secs=grace_secs, checkpoint_ref=checkpoint_ref,
+                kind,
+                namespace,
+                name,
+                task_uid,
+                idempotency_key,
+                within_secs=within_secs,
+                grace_secs=grace_secs,
+                checkpoint_ref=checkpoint_ref,
             )
         ]
-    )[0]  # fmt: skip
+    )[0]
 
 
 def _new_operation(
@@ -374,9 +409,12 @@ def _advance(
 ) -> OperationView:
     try:
         return ledger.transition(
-            op.id, state, expect=(OperationState.PENDING,), celery_task_ids=celery_ids,
+            op.id,
+            state,
+            expect=(OperationState.PENDING,),
+            celery_task_ids=celery_ids,
             detail=detail,
-        )  # fmt: skip
+        )
     except LedgerConflict:
         # The chain already finished (or the sweeper failed it): the row is further on.
         current = ledger.get_operation(op.id)

@@ -50,17 +50,27 @@ _M = TypeVar("_M", bound=BaseModel)
 
 DB_ERRORS = (OperationalError, DBAPIError)
 DB_BACKOFF_MAX_SECS = 15
-DB_MAX_RETRIES = 4 + int((get_settings().db_retry_window_secs - 15) // DB_BACKOFF_MAX_SECS)
-"""Backoff 1, 2, 4, 8, then 15 s: a ledger outage (a PostgreSQL restart) is waited out for
-``DRAIN_DB_RETRY_WINDOW_SECS`` before a task gives up, which the record deadline covers."""
-DB_RETRY: dict[str, Any] = {
-    "autoretry_for": DB_ERRORS,
-    "retry_backoff": 1,
-    "retry_backoff_max": DB_BACKOFF_MAX_SECS,
-    "retry_jitter": False,
-    "max_retries": DB_MAX_RETRIES,
-}
-"""The retry options every ledger-writing task shares."""
+
+
+def db_max_retries(retry_window_secs: float) -> int:
+    """Backoff 1, 2, 4, 8, then 15 s: a ledger outage (a PostgreSQL restart) is waited out
+    for ``retry_window_secs`` (``DRAIN_DB_RETRY_WINDOW_SECS``) before a task gives up,
+    which the record deadline covers."""
+    return 4 + int((retry_window_secs - 15) // DB_BACKOFF_MAX_SECS)
+
+
+class LedgerTask(Task):  # type: ignore[type-arg]
+    """The base of every task that writes the ledger: retried through a ledger outage
+    with a backoff, for as long as the settings say (read when the worker registers the
+    task, not when this module is imported)."""
+
+    autoretry_for = DB_ERRORS
+    retry_backoff = 1
+    retry_backoff_max = DB_BACKOFF_MAX_SECS
+    retry_jitter = False
+
+    def __init__(self) -> None:
+        self.max_retries = db_max_retries(get_settings().db_retry_window_secs)
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +137,7 @@ def _fail(ledger: Ledger, op_id: str, error: str) -> None:
 @app.task(
     name=RECORD_CHECKPOINT,
     bind=True,
-    **DB_RETRY,
+    base=LedgerTask,
 )
 def record_checkpoint(
     self: Task[Any, Any], /, drain_result: object, **kwargs: object
@@ -159,9 +169,12 @@ def record_checkpoint(
     # second commit on every drain's path, and nothing reads it in between.
     try:
         checkpoint = ledger.record_checkpoint(
-            args.op_id, result.refs, reason=args.reason, pvc_name=args.pvc_name,
+            args.op_id,
+            result.refs,
+            reason=args.reason,
+            pvc_name=args.pvc_name,
             answered_by=result.task_uid,
-        )  # fmt: skip
+        )
     except OtherTask as exc:
         _fail(ledger, args.op_id, str(exc))
         return RecordCheckpointOutcome(
@@ -180,8 +193,11 @@ def record_checkpoint(
         ).model_dump(mode="json")
     log.info(
         "checkpoint_recorded op=%s ref=%s agents=%d verified=%s",
-        args.op_id, checkpoint.ref, len(checkpoint.agents), checkpoint.verified,
-    )  # fmt: skip
+        args.op_id,
+        checkpoint.ref,
+        len(checkpoint.agents),
+        checkpoint.verified,
+    )
     return RecordCheckpointOutcome(
         op_id=args.op_id, checkpoint_ref=checkpoint.ref, agents=len(checkpoint.agents)
     ).model_dump(mode="json")
@@ -190,7 +206,7 @@ def record_checkpoint(
 @app.task(
     name=RECORD_RESUME,
     bind=True,
-    **DB_RETRY,
+    base=LedgerTask,
 )
 def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: object) -> JsonObject:
     """Close a resume operation: ``resumed`` if any agent came back, else ``failed``."""
@@ -231,7 +247,7 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
 @app.task(
     name=ACTIVITY,
     bind=False,
-    **DB_RETRY,
+    base=LedgerTask,
 )
 def activity(**kwargs: object) -> None:
     """Keep the latest heartbeat per daemon (an older one never overwrites a newer),
@@ -366,16 +382,21 @@ def _record_from_stored(ledger: Ledger, op: OperationView, result: DrainResult) 
         )
     try:
         checkpoint = ledger.record_checkpoint(
-            op.id, result.refs, reason=args.reason, pvc_name=args.pvc_name,
+            op.id,
+            result.refs,
+            reason=args.reason,
+            pvc_name=args.pvc_name,
             answered_by=result.task_uid,
-        )  # fmt: skip
+        )
     except (LedgerConflict, ValueError) as exc:
         log.warning("checkpoint_not_recovered op=%s reason=%s", op.id, exc)
         return False
     log.warning(
         "checkpoint_recorded_by_sweeper op=%s ref=%s agents=%d: its record message was lost",
-        op.id, checkpoint.ref, len(checkpoint.agents),
-    )  # fmt: skip
+        op.id,
+        checkpoint.ref,
+        len(checkpoint.agents),
+    )
     return True
 
 

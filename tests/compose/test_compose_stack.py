@@ -51,14 +51,16 @@ TURNS = """
 import json, sys
 from pathlib import Path
 from worker_agent import layout
-from worker_agent.session import load_session
+from worker_agent.session import load_session, message_text
 agents = layout.agents_dir(Path(sys.argv[1]))
 found = {}
 for d in sorted(agents.iterdir()) if agents.is_dir() else []:
     if layout.session_file(d).exists():
         session = load_session(d)
         found[d.name] = {"turns": session.turns,
-                         "user_turns": [m["turn"] for m in session.messages if m["role"] == "user"]}
+                         "user_turns": [
+                             int(message_text(m).removeprefix("scripted prompt "))
+                             for m in session.messages if m["role"] == "user"]}
 print(json.dumps(found))
 """
 """Run in the stand-in controller's container, where the workspaces are: each agent's

@@ -305,6 +305,26 @@ class DevStack(DevStackProcess):
         self.ledger.dispose()
 
 
+class Watch:
+    """``kubectl get … -w`` in the background: every line it printed, in order."""
+
+    def __init__(self, stack: DevStack, root: Path, *args: str) -> None:
+        self.out = root / f"watch-{time.monotonic_ns()}.txt"
+        argv = ["kubectl", "--kubeconfig", str(stack.kubeconfig), "get", *args, "-w"]
+        self._fh = self.out.open("w")
+        self._process = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.DEVNULL)
+        # The watch sees what changes from its first line on: disrupt only after it.
+        wait_until(self.lines, 30, f"kubectl get {' '.join(args)} -w to print")
+
+    def lines(self) -> list[str]:
+        return [line for line in self.out.read_text().splitlines() if line]
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+        self._fh.close()
+
+
 @contextlib.contextmanager
 def embedded_stack(
     prefix: str, *extra: str, env: dict[str, str] | None = None

@@ -165,7 +165,7 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
         layout.agents_dir(stack.snapshot_copy(str(edited.snapshot))) / edited.agents[0].agent_id
     )
     session = json.loads(session_file.read_text())
-    session["messages"][0]["content"] = "edited behind the ledger's back"
+    session["messages"][0]["content"][0]["text"] = "edited behind the ledger's back"
     session_file.write_text(json.dumps(session))
     # A checkpoint the ledger no longer keeps: its snapshot and PVC are nobody's.
     stack.ledger.mark_checkpoint_unavailable(forgotten.ref, "planted by the audit test")
@@ -314,4 +314,7 @@ def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) 
         lambda: ("StatusDisagrees", "calibantask default/steady") not in keys(stack.audit()),
         120, "the operator to recover steady and the finding to clear",
     )  # fmt: skip
-    assert keys(stack.audit()) - before == set()
+    # Nothing of this test's own is left reported. (Findings about the previous test's
+    # planted objects may age past the audit's grace meanwhile: not this test's subject.)
+    ours = {k for k in keys(stack.audit()) - before if "steady" in k[1] or overdue.id in k[1]}
+    assert ours == set()

@@ -27,7 +27,7 @@ from orchestrator.ledger import CheckpointView, OperationState
 from orchestrator.operator.crd import CHECKPOINT_LABEL, TASK_LABEL, TASK_UID_LABEL
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
-from tests.support import wait_until
+from tests.support import prompt_turns, wait_until
 from worker_agent import layout
 from worker_agent.session import load_session
 from worker_agent.testing import DRAINCTL
@@ -84,7 +84,7 @@ def recorded(checkpoint: CheckpointView) -> dict[str, tuple[int, str]]:
 
 def user_turns(stack: DevStack, pvc: str, agent: str) -> list[int]:
     session = load_session(layout.agents_dir(stack.volume("default", pvc)) / agent)
-    return [m["turn"] for m in session.messages if m["role"] == "user"]
+    return prompt_turns(session.messages)
 
 
 def continued(stack: DevStack, pvc: str, saved: dict[str, int]) -> Callable[[], bool]:
@@ -209,8 +209,8 @@ def test_a_task_restored_from_its_older_checkpoint_has_exactly_that_checkpoints_
     # It continued from checkpoint 1's turn, not from the workspace's newest one.
     transcript = layout.transcript_file(layout.agents_dir(stack.volume("default", rewound))
                                         / agent.agent_id).read_text()  # fmt: skip
-    assert f'"from_turn": {agent.turns + 1}' in transcript
-    assert f'"from_turn": {second.agents[0].turns + 1}' not in transcript
+    assert f'"resumed_from":{agent.turns + 1}' in transcript
+    assert f'"resumed_from":{second.agents[0].turns + 1}' not in transcript
     assert user_turns(stack, rewound, agent.agent_id)[: agent.turns + 1] == list(
         range(1, agent.turns + 2)
     )
@@ -230,7 +230,7 @@ def test_a_workspace_that_is_not_what_its_checkpoint_recorded_is_refused_before_
     session_file = layout.session_file(layout.agents_dir(copy) / victim)
     original = session_file.read_bytes()
     session = json.loads(original)
-    session["messages"][0]["content"] = "edited behind the ledger's back"
+    session["messages"][0]["content"][0]["text"] = "edited behind the ledger's back"
     session_file.write_text(json.dumps(session))
     before = sessions_of(copy)
     assert before[victim] != recorded(checkpoint)[victim]

@@ -104,8 +104,11 @@ def test_deleting_a_task_created_suspended_releases_it_with_no_checkpoint(
     assert stack.task("default", name) is None
     assert stack.ledger.list_checkpoints("default", name) == []
     assert stack.ledger.list_operations("default", name) == []
-    released = [e for e in stack.events_of(name) if e["reason"] == "Released"]
-    assert [e["message"] for e in released] == ["nothing ran; not checkpointed"]
+    released = [e for e in stack.events_of(name) if e["reason"] == "NothingToDrain"]
+    assert [e["message"] for e in released] == [
+        "its daemon never ran (no heartbeat, no daemon container started on its workspace): "
+        "nothing to drain; not checkpointed"
+    ]
     assert not [e for e in stack.events_of(name) if e["reason"] == "ForcedCheckpoint"]
 
 

@@ -27,13 +27,14 @@ import pytest
 
 from orchestrator.ledger import OperationKind
 from orchestrator.operator.crd import sandbox_name
-from tests.e2e.support import DevStack, task_manifest
+from tests.e2e.support import DevStack, Watch, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
 from worker_agent import layout
 from worker_agent.children import descendants
 from worker_agent.session import load_session
 from worker_agent.testing import DRAINCTL
+from worker_agent.transcript import completed_turn
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +76,9 @@ def announced_turns(directory: Path) -> list[int]:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("type") == "turn_complete":
-            turns.append(int(event["turn"]))
+        turn = completed_turn(event) if isinstance(event, dict) else None
+        if turn is not None:
+            turns.append(turn)
     return turns
 
 
@@ -125,26 +127,6 @@ def events(stack: DevStack, name: str) -> list[tuple[str, str]]:
     listed = stack.kubectl("get", "events", "-o", "json", "--field-selector",
                            f"involvedObject.name={name}").stdout  # fmt: skip
     return [(e.get("type", ""), e.get("reason", "")) for e in json.loads(listed)["items"]]
-
-
-class Watch:
-    """``kubectl get … -w`` in the background: every line it printed, in order."""
-
-    def __init__(self, stack: DevStack, root: Path, *args: str) -> None:
-        self.out = root / f"watch-{time.monotonic_ns()}.txt"
-        argv = ["kubectl", "--kubeconfig", str(stack.kubeconfig), "get", *args, "-w"]
-        self._fh = self.out.open("w")
-        self._process = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.DEVNULL)
-        # The watch sees what changes from its first line on: disrupt only after it.
-        wait_until(self.lines, 30, f"kubectl get {' '.join(args)} -w to print")
-
-    def lines(self) -> list[str]:
-        return [line for line in self.out.read_text().splitlines() if line]
-
-    def close(self) -> None:
-        self._process.terminate()
-        self._process.wait(10)
-        self._fh.close()
 
 
 class PhaseWatch(Watch):

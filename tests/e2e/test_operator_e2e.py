@@ -16,7 +16,7 @@ import pytest
 from orchestrator.operator.crd import sandbox_name
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
-from tests.support import wait_until
+from tests.support import prompt_turns, wait_until
 from worker_agent import layout
 from worker_agent.session import count_completed_turns, load_session
 
@@ -82,7 +82,7 @@ def test_create_run_delete_then_restore_continues_every_agent(stack: DevStack) -
     assert stack.turns_on_disk(pvc, "default") == on_disk  # the retained PVC is untouched
     for agent in checkpoint.agents:
         directory = stack.volume("default", restored_pvc) / agent.session_dir
-        user_turns = [m["turn"] for m in load_session(directory).messages if m["role"] == "user"]
+        user_turns = prompt_turns(load_session(directory).messages)
         assert user_turns[: agent.turns + 1] == list(range(1, agent.turns + 2))
     stack.kubectl("delete", "ctask", "story-again", timeout=120)
 
@@ -109,12 +109,12 @@ def test_idle_timeout_suspends_and_the_wake_annotation_resumes(stack: DevStack) 
         for d in stack.agent_dirs("default", stack.pvc_of("napper", "default"))
     ]
     wait_until(
-        lambda: all('"from_turn": 3' in t.read_text() for t in transcripts),
+        lambda: all('"resumed_from":3' in t.read_text() for t in transcripts),
         30,
         "every resumed worker to continue at turn 3",
     )
     for transcript in transcripts:
-        assert transcript.read_text().count('"type": "turn_complete"') == 2
+        assert transcript.read_text().count('{"type":"TurnEnd"') == 2
     stack.kubectl("delete", "ctask", "napper", timeout=120)
 
 

@@ -78,8 +78,8 @@ def test_suspend_true_adopts_an_idle_pause_and_only_suspend_false_resumes_it(
                    for d in stack.agent_dirs("default", stack.pvc_of(name))]  # fmt: skip
     assert len(transcripts) == 2
     wait_until(
-        lambda: all('"from_turn": 3' in t.read_text() for t in transcripts), 60,
+        lambda: all('"resumed_from":3' in t.read_text() for t in transcripts), 60,
         "every agent to continue at turn 3",
     )  # fmt: skip
     for transcript in transcripts:
-        assert transcript.read_text().count('"type": "turn_complete"') == 2
+        assert transcript.read_text().count('{"type":"TurnEnd"') == 2

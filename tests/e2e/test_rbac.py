@@ -6,7 +6,8 @@ whole story (provision with ``--manage-sandbox``, run, idle pause with a snapsho
 delete with a drain, restore from the checkpoint) on a dev stack started with
 ``--rbac`` (the embedded API authorizes by the rendered RBAC objects, the operator runs
 as its ServiceAccount) and ``--record-requests`` (every request's user, verb, group and
-resource, as Kubernetes names them). The second half starts a real ``drainctl operator``
+resource, as Kubernetes names them), with a Workspace for the operator to write the status
+of. The second half starts a real ``drainctl operator``
 against the embedded API with authorization on and a ClusterRole missing one verb.
 """
 
@@ -123,6 +124,25 @@ def sandbox_deleted_under_its_task(story: Story) -> None:
     wait_until(recreated, timeout=60, what="the deleted Sandbox to be re-created")
 
 
+def workspace_given_its_status(story: Story) -> None:
+    """One more path: a Workspace, whose status the operator writes (``--manage-sandbox``
+    with ``DRAIN_WORKSPACE_STATUS`` at its default)."""
+    workspaces = (crd.GROUP, crd.VERSION, NAMESPACE, crd.WORKSPACE_PLURAL)
+    story.custom().create_namespaced_custom_object(*workspaces, {
+        "apiVersion": crd.API_VERSION, "kind": crd.WORKSPACE_KIND,
+        "metadata": {"name": "team-a-ws", "namespace": NAMESPACE},
+        "spec": {"displayName": "Team A",
+                 "sources": [{"name": "app", "repo": "file:///srv/app.git", "path": "/work/app"}],
+                 "providers": [{"name": "workers", "kind": "ollama", "model": "m"}]},
+    })  # fmt: skip
+
+    def ready() -> bool:
+        found = story.custom().get_namespaced_custom_object(*workspaces, "team-a-ws")
+        return bool((found.get("status") or {}).get("phase") == "Ready")
+
+    wait_until(ready, timeout=60, what="the Workspace's status")
+
+
 @dataclass(frozen=True)
 class RecordedRun:
     rules: list[dict[str, Any]]
@@ -157,6 +177,7 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
     try:
         story.run()
         sandbox_deleted_under_its_task(story)
+        workspace_given_its_status(story)
     finally:
         story.stop()
     assert story.lost_turns() == 0
@@ -258,6 +279,9 @@ def test_the_whole_story_runs_under_the_rendered_rbac_without_one_refusal(
     recorded_run: RecordedRun,
 ) -> None:
     assert ("caliban.caliban-ai.dev", "calibantasks/status", "patch", "demo-story") in (
+        recorded_run.calls
+    )
+    assert ("caliban.caliban-ai.dev", "workspaces/status", "patch", "team-a-ws") in (
         recorded_run.calls
     )
     assert recorded_run.refused == []

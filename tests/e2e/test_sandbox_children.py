@@ -2,19 +2,21 @@
 embedded defaults: the Sandbox the operator makes is ``<task>-sbx``, and a task whose
 ``spec.sandbox.name`` names an existing Sandbox is run, suspended and resumed on that one,
 with no second Sandbox ever made for it; the task's ``spec.sandbox.podTemplate`` is merged
-under the operator's pod template.
+under the operator's pod template. Everything the operator creates says it manages it
+(``app.kubernetes.io/managed-by``), and the pod, which it does not make, does not.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.operator.crd import TASK_LABEL, sandbox_name
-from tests.e2e.support import DevStack, embedded_stack, task_manifest
+from tests.e2e.support import DevStack, Watch, embedded_stack, task_manifest
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -54,10 +56,11 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
 ) -> None:
     donor_manifest = task_manifest("donor", agents=1, model="turns=2,turn_ms=20")
     donor_manifest["spec"]["task"]["env"] = [{"name": "TEAM", "value": "blue"}]
-    # The user's pod template goes under ours: its additions kept, ours winning.
+    # The user's pod template goes under ours: its additions kept (what it may not set,
+    # the pod's identity and our labels among them, is refused: test_tenant_pod.py).
     donor_manifest["spec"]["sandbox"] = {"podTemplate": {
-        "metadata": {"labels": {"team": "blue", TASK_LABEL: "not-donor"}},
-        "spec": {"nodeSelector": {"pool": "agents"}, "serviceAccountName": "admin",
+        "metadata": {"labels": {"team": "blue"}},
+        "spec": {"nodeSelector": {"pool": "agents"},
                  "containers": [{"name": "caliband",
                                  "resources": {"limits": {"memory": "2Gi"}}}]},
     }}  # fmt: skip
@@ -178,3 +181,68 @@ def test_a_sandbox_that_never_becomes_ready_shows_on_the_task_with_its_reason(
     assert stack.status("default", "stuck")["phase"] == "Provisioning"
     stack.kubectl("delete", "ctask", "stuck", "--wait=false", timeout=60)
     stack.kubectl("delete", SANDBOXES, "stuck-own", timeout=60)
+
+
+MANAGED_BY = "app.kubernetes.io/managed-by=caliban-drain"
+LABEL_PATH = r"{.metadata.labels.app\.kubernetes\.io/managed-by}"
+
+
+def managed(stack: DevStack, kind: str) -> list[str]:
+    """The objects of ``kind`` in the default namespace that say caliban-drain manages
+    them, as a label selector finds them."""
+    listed = stack.kubectl("get", kind, "-n", "default", "-l", MANAGED_BY, "-o", "name").stdout
+    return sorted(line.rsplit("/", 1)[-1] for line in listed.split())
+
+
+def test_everything_the_operator_creates_says_caliban_drain_manages_it(
+    stack: DevStack, tmp_path: Path
+) -> None:
+    """Sandbox, workspace PVC, ServiceAccount, NetworkPolicy, broker Secret, drain guard
+    and the checkpoint's VolumeSnapshot carry ``app.kubernetes.io/managed-by:
+    caliban-drain``; the pod, which the Sandbox's controller makes, does not."""
+    name = "labelled"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=1500")).returncode
+        == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    assert name + "-sbx" in managed(stack, SANDBOXES)
+    assert pvc in managed(stack, "pvc")
+    assert name + "-sa" in managed(stack, "serviceaccount")
+    assert name + "-netpol" in managed(stack, "netpol")
+    assert managed(stack, "secret") == ["caliban-drain-broker"]
+    template = json.loads(stack.kubectl("get", SANDBOXES, name + "-sbx", "-o", "json").stdout)
+    assert (
+        "app.kubernetes.io/managed-by" not in template["spec"]["podTemplate"]["metadata"]["labels"]
+    )
+    pods = json.loads(
+        stack.kubectl("get", "pods", "-l", f"{TASK_LABEL}={name}", "-o", "json").stdout
+    )
+    assert pods["items"], "the stand-in controller's pod"
+    assert all("app.kubernetes.io/managed-by" not in p["metadata"]["labels"] for p in pods["items"])
+
+    # The drain guard lives while the pause drains: every version the watch saw of it.
+    sentinel = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "watch-sentinel", "namespace": "default"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "none"}}},
+    }  # fmt: skip
+    assert stack.apply(sentinel).returncode == 0
+    budgets = Watch(
+        stack, tmp_path, "pdb", "-o", f'jsonpath={{.metadata.name}} {LABEL_PATH}{{"\\n"}}'
+    )
+    patch_suspend(stack, name, True)
+    stack.wait_phase("default", name, "Suspended", timeout=180)
+    guard = f"{name}-drain-guard"
+    seen = wait_until(
+        lambda: [line.split()[1:] for line in budgets.lines() if line.split()[0] == guard],
+        30, "the drain guard in the watch",
+    )  # fmt: skip
+    budgets.close()
+    assert seen and all(labels == ["caliban-drain"] for labels in seen), seen
+    stack.kubectl("delete", "pdb", "watch-sentinel")
+    # The pause's checkpoint copied the workspace to a VolumeSnapshot named by its ref.
+    ref = stack.status("default", name)["checkpointRef"]
+    wait_until(lambda: ref in managed(stack, "volumesnapshot"), 60, "the checkpoint's snapshot")
+    stack.kubectl("delete", "ctask", name, timeout=120)

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.ledger import CheckpointReason
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
-from worker_agent import layout
+from worker_agent import layout, transcript
 from worker_agent.session import load_session
 
 pytestmark = pytest.mark.slow
@@ -130,9 +130,7 @@ def test_scaling_down_drains_the_removed_agents_into_a_checkpoint_and_up_brings_
                 stack.volume("default", pvc) / agent.session_dir
             ).read_text().splitlines()
         ]  # fmt: skip
-        assert {"type": "resumed", "from_turn": agent.turns + 1} in [
-            {k: e[k] for k in ("type", "from_turn")} for e in events if e["type"] == "resumed"
-        ]
+        assert agent.turns + 1 in [transcript.resumed_from(e) for e in events]
     assert agents_column(stack) == "4"
     assert stack.status("default", NAME)["scales"] == 2
 

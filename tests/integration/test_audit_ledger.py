@@ -39,7 +39,7 @@ from orchestrator.ledger import (
     create_ledger_engine,
 )
 from orchestrator.ledger.models import Operation
-from orchestrator.ledger.repository import AUDIT_IN_BATCH
+from orchestrator.ledger.repository import IN_LIST_MAX
 from orchestrator.settings import Settings
 
 # The PostgreSQL fixtures of the ledger's own tests (one private schema at head for the
@@ -241,7 +241,7 @@ def test_existing_refs_beyond_one_batch(ledger: Ledger) -> None:
     both ends of the sorted order."""
     first = drained(ledger, "k1", name="t1")
     last = drained(ledger, "k2", name="t2")
-    fake = [f"ckpt-{i:08d}" for i in range(AUDIT_IN_BATCH * 5 // 2)]
+    fake = [f"ckpt-{i:08d}" for i in range(IN_LIST_MAX * 5 // 2)]
     assert ledger.existing_refs([*fake, first.ref, last.ref]) == {first.ref, last.ref}
 
 
@@ -311,7 +311,7 @@ def test_workspace_references(ledger: Ledger) -> None:
 def test_workspace_references_beyond_one_batch(ledger: Ledger) -> None:
     """Tried: more PVC names than one ``IN (...)`` takes, the referenced one last."""
     drained(ledger, "k1", pvc="zz-pvc")
-    asked = {(NS, f"pvc-{i:06d}") for i in range(AUDIT_IN_BATCH + 7)} | {(NS, "zz-pvc")}
+    asked = {(NS, f"pvc-{i:06d}") for i in range(IN_LIST_MAX + 7)} | {(NS, "zz-pvc")}
     assert ledger.workspace_references(asked, set()) == ({(NS, "zz-pvc")}, set())
 
 

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -344,6 +344,44 @@ def test_daemon_side_commands_load_no_orchestrator_machinery(tmp_path: Path) -> 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_ledger_ls_and_show_say_a_snapshot_is_pending_from_its_cut_until_it_is_ready(
+    ledger_with_checkpoints: tuple[str, str, str],
+) -> None:
+    """Tried: one checkpoint's snapshot asked for and not cut yet, the other's cut and not
+    ready (a CSI driver still uploading it); then the cut one ready."""
+    url, drained, forced = ledger_with_checkpoints
+    cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+    ledger = Ledger.from_url(url)
+    try:
+        ledger.record_snapshot(drained, drained, cut_at=cut_at)
+        ledger.record_snapshot(forced, forced)
+    finally:
+        ledger.dispose()
+    env = {"DRAIN_DATABASE_URL": url}
+    listed = drainctl("ledger", "ls", env=env)
+    cells = {row.split()[0]: row.split() for row in listed.stdout.splitlines()[1:]}
+    assert (cells[drained][7], cells[forced][7]) == ("pending", "pending")
+    shown = drainctl("ledger", "show", drained, env=env).stdout
+    assert f"snapshot: {drained} pending: cut 2026-12-06 09:00:02, not readyToUse yet" in shown
+    assert (
+        f"snapshot: {forced} pending: not cut yet"
+        in drainctl("ledger", "show", forced, env=env).stdout
+    )
+    as_json = ok_json(drainctl("ledger", "show", drained, "--json", env=env))
+    assert isinstance(as_json, dict)
+    assert (as_json["snapshot_cut_at"], as_json["snapshot_ready_at"]) == (
+        "2026-12-06 09:00:02+00:00", None,
+    )  # fmt: skip
+
+    ledger = Ledger.from_url(url)
+    try:
+        ledger.record_snapshot(drained, drained, ready_at=cut_at + timedelta(minutes=3))
+    finally:
+        ledger.dispose()
+    again = drainctl("ledger", "show", drained, env=env).stdout
+    assert f"snapshot: {drained} ready: cut 2026-12-06 09:00:02, ready 2026-12-06 09:03:02" in again
 
 
 def test_ledger_ls_and_show_say_whether_a_checkpoint_has_a_ready_snapshot(

@@ -147,7 +147,9 @@ def test_a_daemon_whose_broker_stops_is_unready_but_live_and_its_agent_keeps_wor
         assert why.startswith(
             ("the consumer lost its broker connection", "the consumer's broker does not answer")
         ), why
-        assert "Connection refused" in why, why  # the broker's own error
+        # the broker's own error: refused once it is gone, or a reset when the stop caught
+        # the consumer mid-read (seen in CI)
+        assert "Connection refused" in why or "Connection reset by peer" in why, why
 
         stage.broker = EmbeddedBroker(tmp_short, stage.broker.port).start()
         stage.ready_again()

@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -338,9 +339,10 @@ def test_the_snapshot_resources_serve_every_verb_kubectl_and_clients_use(
 
 
 @contextlib.contextmanager
-def running(root: Path, *extra: str) -> Iterator[Stack]:
-    """``drainctl dev up`` in ``root`` (with ``extra`` options) until the block ends."""
-    stack = Stack(root, *extra)
+def running(root: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """``drainctl dev up`` in ``root`` (with ``extra`` options and ``env`` settings) until
+    the block ends."""
+    stack = Stack(root, *extra, env=env)
     stack.start()
     try:
         yield stack
@@ -389,3 +391,59 @@ def test_no_snapshots_on_a_state_dir_that_had_them_removes_them(tmp_path: Path) 
         assert NO_SUCH_RESOURCE in bare.kubectl("get", "volumesnapshots", check=False).stderr
         assert f"crd_removed name={SNAPSHOT_CRD}" in bare.log_text()
         assert (bare.volume("default", "ws") / "a").read_text() == "1"  # volumes are kept
+
+
+# ------------------------------------------------------------------- a ready delay
+
+READY_DELAY_SECS = 4.0
+
+
+def test_with_a_ready_delay_a_snapshot_is_cut_at_once_and_ready_only_after_the_delay(
+    tmp_path: Path,
+) -> None:
+    """Tried: ``DRAIN_DEV_SNAPSHOT_READY_DELAY_SECS=4`` (``--snapshot-ready-delay``'s
+    variable); a VolumeSnapshot of a written volume, then a PVC restored from it at once.
+    As the external-snapshotter reports a real driver's upload: cut (creationTime set,
+    bound to its content) with the copy already whole, readyToUse only after the delay;
+    the restore waits for ready."""
+    env = {"DRAIN_DEV_SNAPSHOT_READY_DELAY_SECS": f"{READY_DELAY_SECS:g}"}
+    with running(tmp_path, env=env) as stack:
+        stack.apply(pvc("ws", "default"))
+        volume = stack.mounted("default", "ws", {"session.json": "turn 1"})
+        stack.apply(volume_snapshot("ck-1", "default", "ws"))
+
+        def cut() -> dict[str, Any] | None:
+            found = stack.get("volumesnapshot", "ck-1", "default") or {}
+            status = found.get("status") or {}
+            return found if status.get("boundVolumeSnapshotContentName") else None
+
+        snapshot = wait_until(cut, READY_SECS, "volumesnapshot default/ck-1 to be cut")
+        status = snapshot["status"]
+        assert status["readyToUse"] is False
+        assert status["creationTime"].endswith("Z")
+        assert "error" not in status
+        content = stack.get("volumesnapshotcontent", status["boundVolumeSnapshotContentName"])
+        assert content is not None and content["status"]["readyToUse"] is False
+        # The point in time is fixed at the cut: a write after it is not in the snapshot.
+        (volume / "session.json").write_text("turn 2")
+        assert (stack.copy_of(snapshot) / "session.json").read_text() == "turn 1"
+        stack.apply(pvc("restored", "default", from_snapshot="ck-1"))
+        restored = stack.volume("default", "restored") / "session.json"
+        # Until the delay has passed since the cut: not ready, and nothing restored from it.
+        cut_ns = int(content["status"]["creationTime"])
+        almost = cut_ns + int((READY_DELAY_SECS - 0.5) * 10**9)
+        while time.time_ns() < almost:
+            now = stack.get("volumesnapshot", "ck-1", "default") or {}
+            assert (now.get("status") or {}).get("readyToUse") is False, now
+            assert not restored.exists()
+            time.sleep(0.2)
+
+        ready = stack.wait_taken("default", "ck-1")
+
+        assert time.time_ns() - cut_ns >= READY_DELAY_SECS * 10**9
+        assert ready["status"]["creationTime"] == status["creationTime"]  # cut once
+        readied = stack.get("volumesnapshotcontent", status["boundVolumeSnapshotContentName"])
+        assert readied is not None and readied["status"]["readyToUse"] is True
+        wait_until(restored.exists, READY_SECS, "the restore once the snapshot is ready")
+        assert restored.read_text() == "turn 1"
+        assert "readyToUse 4s after the cut" in stack.log_text()

@@ -466,6 +466,31 @@ def test_deleting_a_namespace_removes_what_is_in_it(tasks: Cluster) -> None:
     assert tasks.kubectl("get", "configmaps,ctask", "-A", "-o", "name").stdout.strip() == ""
 
 
+def test_a_namespace_being_deleted_refuses_new_content_as_the_api_server_does(
+    tasks: Cluster,
+) -> None:
+    tasks.kubectl("create", "namespace", "team-a")
+    held = {**task("t1"), "metadata": {"name": "t1", "finalizers": ["example.com/hold"]}}
+    tasks.kubectl("-n", "team-a", "apply", "-f", "-", stdin=json.dumps(held))
+    tasks.kubectl("delete", "namespace", "team-a", "--wait=false")
+    code, body = tasks.request(
+        "POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": "late"}}
+    )
+    assert (code, body["reason"]) == (403, "Forbidden"), body
+    assert body["message"] == (
+        'configmaps "late" is forbidden: unable to create new content in namespace team-a '
+        "because it is being terminated"
+    )
+    assert body["details"]["causes"] == [{
+        "reason": "NamespaceTerminating", "message": "namespace team-a is being terminated",
+        "field": "metadata.namespace",
+    }]  # fmt: skip
+    # Changes to what is there are allowed: the held task lets go, and the namespace goes.
+    tasks.merge_patch("/apis/caliban.caliban-ai.dev/v1alpha1/namespaces/team-a/calibantasks/t1",
+                      {"metadata": {"finalizers": None}})  # fmt: skip
+    wait_until(lambda: not tasks.exists("/api/v1/namespaces/team-a"), 30, "team-a to go")
+
+
 # ---------------------------------------------------------------------------- watches & events
 
 

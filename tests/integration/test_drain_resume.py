@@ -19,10 +19,11 @@ import pytest
 
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout
+from worker_agent import transcript as events
 from worker_agent.children import descendants
 from worker_agent.client import ControlError
 from worker_agent.proto import AgentStatus, ResumeRef
-from worker_agent.session import count_completed_turns, load_session
+from worker_agent.session import count_completed_turns, load_session, message_text
 from worker_agent.store import lock_is_held
 
 LONG_SCRIPT = "turns=100000,turn_ms=100"
@@ -39,8 +40,12 @@ def assert_ref_matches_disk(store: Path, ref: ResumeRef) -> None:
     session = load_session(directory)
     assert ref.turns == session.turns == count_completed_turns(directory), ref
     assert ref.session_sha256 == hashlib.sha256(raw).hexdigest()
-    completed = [e["turn"] for e in transcript(directory) if e["type"] == "turn_complete"]
+    completed = [events.completed_turn(e) for e in transcript(directory)]
+    completed = [turn for turn in completed if turn is not None]
     assert completed == list(range(1, session.turns + 1)), f"{ref.id}: {completed}"
+    for end in (e for e in transcript(directory) if e["type"] == "TurnEnd"):
+        if events.ours(end):  # not one upstream's worker wrote
+            assert events.ours(end)["turn"] == end["turn_index"] + 1, end
 
 
 @pytest.mark.slow
@@ -76,9 +81,9 @@ def test_drain_100_agents_mid_turn_loses_nothing_and_resume_continues(
         messages = load_session(daemon.store / ref.session_dir).messages
         old = before[ref.id]
         assert messages[: len(old)] == old, f"{ref.id}: old conversation is not a prefix"
-        assert messages[len(old)]["turn"] == turns_at_drain[ref.id] + 1
-        resumed = [e for e in transcript(daemon.store / ref.session_dir) if e["type"] == "resumed"]
-        assert resumed == [{**resumed[0], "from_turn": turns_at_drain[ref.id] + 1}]
+        assert message_text(messages[len(old)]) == f"scripted prompt {turns_at_drain[ref.id] + 1}"
+        resumed = [events.resumed_from(e) for e in transcript(daemon.store / ref.session_dir)]
+        assert [r for r in resumed if r is not None] == [turns_at_drain[ref.id] + 1]
 
 
 def test_second_drain_answers_the_same_refs(daemon: DaemonProcess) -> None:
@@ -127,7 +132,10 @@ def test_corrupt_session_json_is_reported_unclean_and_refused_on_resume(
     for corrupt, complaint in [
         (good[: len(good) // 2], "not valid JSON"),
         (b"[1, 2, 3]", "must hold a JSON object"),
-        (good.replace(b'"version":1', b'"version":7'), "version 7"),
+        (
+            good.replace(b'"caliban_drain":{"version":2', b'"caliban_drain":{"version":7'),
+            "version 7",
+        ),
     ]:
         path.write_bytes(corrupt)
         with daemon.client() as client:
@@ -206,7 +214,9 @@ def test_spawn_with_resume_session_continues_the_conversation(daemon: DaemonProc
     assert spawned.id == agent_id
     wait_until(lambda: daemon.records()[agent_id].turns == 6, 30, "turns 4 to 6")
     session = load_session(daemon.store / ref.session_dir)
-    assert [m["turn"] for m in session.messages if m["role"] == "user"] == [1, 2, 3, 4, 5, 6]
+    assert [message_text(m) for m in session.messages if m["role"] == "user"] == [
+        f"scripted prompt {turn}" for turn in range(1, 7)
+    ]
 
 
 def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
@@ -227,14 +237,14 @@ def test_kill_respawn_and_rm(daemon: DaemonProcess) -> None:
 
 
 def test_missing_transcript_turns_are_recovered_on_resume(daemon: DaemonProcess) -> None:
-    """Tried: a SIGKILL between the session.json write and its turn_complete line,
-    simulated by cutting the transcript's last turn_complete."""
+    """Tried: a SIGKILL between the session.json write and its TurnEnd record,
+    simulated by cutting the transcript's last TurnEnd (and the RunEnd after it)."""
     [_agent_id] = daemon.spawn_working(1, "turns=4,turn_ms=10", 4)
     with daemon.client() as client:
         [ref] = client.drain(grace_secs=5)
     directory = daemon.store / ref.session_dir
     lines = layout.transcript_file(directory).read_text().splitlines(keepends=True)
-    last = max(i for i, line in enumerate(lines) if '"turn_complete"' in line)
+    last = max(i for i, line in enumerate(lines) if line.startswith('{"type":"TurnEnd"'))
     layout.transcript_file(directory).write_text("".join(lines[:last]))
     assert count_completed_turns(directory) == 3
     with daemon.client() as client:
@@ -253,8 +263,48 @@ def test_workers_run_five_nice_levels_below_the_daemon(daemon: DaemonProcess) ->
         for pid in descendants(daemon.pid):
             with contextlib.suppress(psutil.Error):
                 process = psutil.Process(pid)
-                if "worker_agent.worker" in process.cmdline() and agent_id in process.cmdline():
+                argv = process.cmdline()
+                if "worker_agent.worker" in argv and any(agent_id in word for word in argv):
                     return process
         return None
 
     assert wait_until(worker).nice() == psutil.Process(daemon.pid).nice() + 5
+
+
+FORMATS = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+
+
+@pytest.mark.parametrize("with_transcript", [True, False], ids=["its-transcript", "no-transcript"])
+def test_a_session_upstreams_types_wrote_resumes_through_the_daemon(
+    daemon: DaemonProcess, with_transcript: bool
+) -> None:
+    """Tried: a drained agent's session.json replaced by one upstream caliban's
+    ``PersistedSession`` wrote (two turns, a tool call, a todo; no ``caliban_drain``), its
+    transcript by upstream's ``TurnEvent`` records of those turns or removed. The daemon
+    resumes it, the worker adopts it as this agent's and continues at turn 3; the next
+    drain answers a ref that matches the files, upstream's conversation an exact prefix."""
+    [agent_id] = daemon.spawn_working(1, "turns=1,turn_ms=10", 1)
+    with daemon.client() as client:
+        daemon.wait_for_status([agent_id], {AgentStatus.IDLE})
+        [ref] = client.drain(grace_secs=5)
+    directory = daemon.store / ref.session_dir
+    upstream = json.loads((FORMATS / "session-upstream.json").read_bytes())
+    layout.session_file(directory).write_bytes((FORMATS / "session-upstream.json").read_bytes())
+    if with_transcript:
+        layout.transcript_file(directory).write_bytes((FORMATS / "turn-events.ndjson").read_bytes())
+    else:
+        layout.transcript_file(directory).unlink()
+    with daemon.client() as client:
+        assert client.resume(ref.session_dir, model="turns=3,turn_ms=10").id == agent_id
+    wait_until(lambda: daemon.records()[agent_id].turns >= 3, 30, "turn 3 after upstream's two")
+    with daemon.client() as client:
+        [again] = client.drain(grace_secs=5)
+    assert again.clean and again.turns == 3
+    assert_ref_matches_disk(daemon.store, again)
+    session = load_session(directory)
+    assert (session.agent_id, session.origin) == (agent_id, "caliban-drain")
+    assert session.messages[:4] == upstream["messages"]
+    assert message_text(session.messages[4]) == "scripted prompt 3"
+    assert session.extra["todos"] == upstream["todos"]
+    resumes = [events.resumed_from(e) for e in transcript(directory)]
+    assert [r for r in resumes if r is not None] == [3]

@@ -1,10 +1,11 @@
 """The network transport under a flood: whoever can reach the port cannot use up the
 daemon. Run with the daemon's default limits (``worker_agent.server``): a connection
-cap counted from accept, a TLS handshake deadline, a deadline for an authorized request,
-a bounded number of wrong tokens, and refusals logged at a bounded rate."""
+cap counted from accept, a TLS handshake deadline, a deadline and a size limit for the
+bearer preamble, and refusals logged at a bounded rate."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -19,7 +20,7 @@ from tests.support import DaemonProcess, short_tmp, wait_until
 from worker_agent.server import (
     AUTH_DEADLINE_SECS,
     MAX_NETWORK_CONNECTIONS,
-    MAX_UNAUTHORIZED,
+    MAX_PREAMBLE_BYTES,
     TLS_HANDSHAKE_SECS,
 )
 
@@ -97,7 +98,7 @@ def test_a_flood_of_silent_connections_is_capped_and_the_local_socket_keeps_answ
     assert logged < 100, f"{logged} log lines for one flood"
 
 
-def test_a_tls_connection_that_never_authorizes_is_closed_at_the_deadline(
+def test_a_tls_connection_that_sends_no_preamble_is_closed_at_the_deadline(
     tls_daemon: tuple[DaemonProcess, int, Path],
 ) -> None:
     """Tried: a TLS handshake, then silence."""
@@ -109,15 +110,33 @@ def test_a_tls_connection_that_never_authorizes_is_closed_at_the_deadline(
         assert time.monotonic() - started >= AUTH_DEADLINE_SECS - 1
 
 
-def test_wrong_tokens_end_the_connection_after_the_limit(
+def test_an_over_long_preamble_is_not_buffered_and_closes_the_connection(
     tls_daemon: tuple[DaemonProcess, int, Path],
 ) -> None:
-    """Tried: requests with a wrong token, one after another on one connection."""
+    """Tried: a preamble line past upstream's limit (4096 bytes), then a request."""
     _, port, cert = tls_daemon
     with tls_connect(port, cert) as conn:
-        reader = conn.makefile("rb")
-        for _ in range(MAX_UNAUTHORIZED):
-            conn.sendall(b'{"kind": "status", "token": "wrong-token-0123456789"}\n')
-            assert b"unauthorized" in reader.readline()
-        conn.sendall(b'{"kind": "status", "token": "wrong-token-0123456789"}\n')
-        assert reader.readline() == b""
+        conn.settimeout(AUTH_DEADLINE_SECS + 5)
+        bearer = "x" * (MAX_PREAMBLE_BYTES + 10)
+        try:
+            conn.sendall(b'{"bearer": "' + bearer.encode() + b'"}\n{"kind": "status"}\n')
+            assert conn.recv(4096) == b""
+        except (ConnectionError, ssl.SSLError):
+            pass  # a reset is as good as a close
+
+
+def test_a_flood_of_wrong_preambles_is_logged_at_a_bounded_rate(
+    tls_daemon: tuple[DaemonProcess, int, Path],
+) -> None:
+    """Tried: 50 connections in a row, each with a wrong bearer token."""
+    daemon, port, cert = tls_daemon
+    log_lines = len(daemon.log.read_text().splitlines())
+    for _ in range(50):
+        with tls_connect(port, cert) as conn:
+            conn.sendall(b'{"bearer": "wrong-token-0123456789"}\n{"kind": "status"}\n')
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                assert conn.recv(4096) == b""
+    with daemon.client(timeout=5) as client:
+        client.status()
+    logged = len(daemon.log.read_text().splitlines()) - log_lines
+    assert logged <= 15, f"{logged} log lines for 50 refusals"

@@ -145,6 +145,15 @@ def test_the_wheel_carries_the_crds_and_the_migrations(wheel: Path) -> None:
     assert {"orchestrator/py.typed", "worker_agent/py.typed"} <= names
 
 
+def test_the_wheel_carries_the_apache_licence_and_says_so(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith("/METADATA"))
+        licence = archive.read(f"{dist_info}/licenses/LICENSE")
+        metadata = archive.read(f"{dist_info}/METADATA").decode().splitlines()
+    assert licence == (REPO / "LICENSE").read_bytes()
+    assert {"License-Expression: Apache-2.0", "License-File: LICENSE"} <= set(metadata)
+
+
 def _kubectl_crds(kubeconfig: Path) -> str | None:
     """``kubectl get crd -o name`` against ``kubeconfig``, or None while it cannot answer."""
     if not kubeconfig.exists():

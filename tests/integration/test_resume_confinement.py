@@ -83,46 +83,46 @@ class Refusal:
 
 CASES = [
     pytest.param(
-        Refusal(lambda s: "/etc", "bad_request", "outside the store"), id="absolute_path_/etc"
+        Refusal(lambda s: "/etc", "internal", "outside the store"), id="absolute_path_/etc"
     ),
     pytest.param(
-        Refusal(lambda s: str(s.outside), "bad_request", "outside the store"),
+        Refusal(lambda s: str(s.outside), "internal", "outside the store"),
         id="absolute_path_of_a_session_dir_outside_the_store",
     ),
     pytest.param(
-        Refusal(lambda s: "../outside/evil", "bad_request", "outside the store"),
+        Refusal(lambda s: "../outside/evil", "internal", "outside the store"),
         id="relative_dotdot_escaping_the_store",
     ),
     pytest.param(
-        Refusal(lambda s: "agents/../../outside/evil", "bad_request", "outside the store"),
+        Refusal(lambda s: "agents/../../outside/evil", "internal", "outside the store"),
         id="relative_agents_then_dotdot_escaping_the_store",
     ),
     pytest.param(
-        Refusal(lambda s: "agents/evil", "bad_request", "outside the store"),
+        Refusal(lambda s: "agents/evil", "internal", "outside the store"),
         id="relative_symlink_in_agents_pointing_outside",
     ),
     pytest.param(
-        Refusal(lambda s: str(s.root / "agents" / "evil"), "bad_request", "outside the store"),
+        Refusal(lambda s: str(s.root / "agents" / "evil"), "internal", "outside the store"),
         id="absolute_symlink_in_agents_pointing_outside",
     ),
     pytest.param(
-        Refusal(lambda s: ".", "bad_request", "is not an agent directory"),
+        Refusal(lambda s: ".", "internal", "is not an agent directory"),
         id="store_root_as_dot",
     ),
     pytest.param(
-        Refusal(lambda s: str(s.root), "bad_request", "is not an agent directory"),
+        Refusal(lambda s: str(s.root), "internal", "is not an agent directory"),
         id="store_root_absolute",
     ),
     pytest.param(
-        Refusal(lambda s: "agents", "bad_request", "is not an agent directory"),
+        Refusal(lambda s: "agents", "internal", "is not an agent directory"),
         id="store_agents_dir",
     ),
     pytest.param(
-        Refusal(lambda s: f"agents/{s.real}/session.json", "bad_request", "not an agent directory"),
+        Refusal(lambda s: f"agents/{s.real}/session.json", "internal", "not an agent directory"),
         id="file_inside_an_agent_dir",
     ),
     pytest.param(
-        Refusal(lambda s: "agents/.hidden", "bad_request", "is not an agent directory"),
+        Refusal(lambda s: "agents/.hidden", "internal", "is not an agent directory"),
         id="agents_entry_with_invalid_id",
     ),
     pytest.param(
@@ -130,7 +130,7 @@ CASES = [
         id="nonexistent_agent_dir",
     ),
     pytest.param(
-        Refusal(lambda s: f"agents/{s.real}\x00/../evil", "bad_request", "NUL byte"),
+        Refusal(lambda s: f"agents/{s.real}\x00/../evil", "internal", "NUL byte"),
         id="NUL_byte_in_path",
     ),
 ]

@@ -16,7 +16,7 @@ from tests.integration.test_drain_resume import LONG_SCRIPT, assert_ref_matches_
 from tests.support import DaemonProcess, wait_until
 from worker_agent.client import ControlError
 from worker_agent.proto import AgentStatus
-from worker_agent.session import load_session
+from worker_agent.session import load_session, message_text
 
 
 def test_retire_keeps_the_oldest_and_drains_the_rest_into_verified_refs(
@@ -78,7 +78,7 @@ def test_resume_brings_a_retired_agent_back_at_its_next_turn(daemon: DaemonProce
         again = {r.id: r for r in client.drain(grace_secs=30)}
     after = load_session(daemon.store / again[ref.id].session_dir).messages
     assert after[: len(before)] == before
-    assert after[len(before)]["turn"] == ref.turns + 1
+    assert message_text(after[len(before)]) == f"scripted prompt {ref.turns + 1}"
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_resume_brings_a_retired_agent_back_at_its_next_turn(daemon: DaemonProce
     [
         ({"keep": -1}, "keep"),
         ({"keep": "all"}, "keep"),
-        ({"keep": 1, "grace_secs": -3}, "grace_secs"),
+        ({"keep": 1, "grace": {"secs": -3, "nanos": 0}}, "grace.secs"),
     ],
     ids=["negative-keep", "keep-not-a-number", "negative-grace"],
 )
@@ -97,6 +97,7 @@ def test_a_malformed_retire_is_refused_in_one_line_and_retires_nothing(
     daemon.spawn_working(2, LONG_SCRIPT, min_turns=1)
     with daemon.client() as client, pytest.raises(ControlError) as refused:
         client.call("retire", **request_)
-    assert refused.value.body.kind == "bad_request"
+    assert refused.value.body.kind == "internal"  # upstream's kind for a malformed request
+    assert refused.value.body.message.startswith("bad request: ")
     assert says in refused.value.body.message and "\n" not in refused.value.body.message
     assert all(r.status.live and not r.retired for r in daemon.records().values())

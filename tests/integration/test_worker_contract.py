@@ -77,8 +77,12 @@ def test_sigterm_mid_turn_flushes_and_exits_zero(tmp_path: Path) -> None:
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
-    assert events[-1]["type"] == "stopped"
-    assert events[-1]["turns"] == load_session(directory).turns == count_completed_turns(directory)
+    assert [e["type"] for e in events].count("RunEnd") == 1
+    assert (events[-1]["type"], events[-1]["stopped_for"]) == ("RunEnd", "Cancelled")
+    assert events[-1]["caliban_drain"]["stop"] == "drain"
+    session = load_session(directory)
+    assert events[-1]["caliban_drain"]["turns"] == session.turns == count_completed_turns(directory)
+    assert events[-1]["final_messages"] == session.messages
 
 
 def test_unknown_provider_fails_the_agent_with_a_clear_reason(daemon: DaemonProcess) -> None:
@@ -114,8 +118,12 @@ def test_a_scripted_worker_told_then_exit_saves_its_turns_and_exits_zero_by_itse
     session = load_session(directory)
     assert session.turns == 2 == count_completed_turns(directory)
     events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
-    assert [e["type"] for e in events[-2:]] == ["finished", "stopped"]
-    assert events[-1]["turns"] == 2
+    assert [e["type"] for e in events] == ["TurnStart", "AssistantTextDelta", "TurnEnd"] * 2 + [
+        "RunEnd"
+    ]
+    assert (events[-1]["stopped_for"], events[-1]["turn_count"]) == ("EndOfTurn", 2)
+    assert events[-1]["caliban_drain"]["stop"] == "finished"
+    assert events[-1]["caliban_drain"]["turns"] == 2
 
     again = start_worker(directory, "--resume", model="turns=2,turn_ms=10,then=exit")
     assert again.wait(30) == 0
@@ -164,7 +172,92 @@ def test_a_turn_the_provider_cannot_answer_fails_the_agent_never_finishes_it(
     stderr = layout.stderr_file(directory).read_text()
     assert "turn 1 failed, stopping: chat completion at" in stderr
     events = [json.loads(x) for x in layout.transcript_file(directory).read_text().splitlines()]
-    assert [e["type"] for e in events if e["type"] in ("turn_failed", "finished")] == [
-        "turn_failed"
-    ]
+    assert [e["type"] for e in events] == ["TurnStart", "RunEnd"]
+    assert events[-1]["stopped_for"]["ProviderError"].startswith("chat completion at")
+    assert events[-1]["caliban_drain"]["stop"] == "failed"
     assert load_session(directory).turns == 0  # the failed turn is re-run on resume
+
+
+def agent_worker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker_agent.worker", "__agent-worker", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("manifest", "args", "says"),
+    [
+        pytest.param(None, ["--socket", "S", "--listen", "0.0.0.0:7101"],
+                     "the reference worker serves a Unix socket only", id="listen"),
+        pytest.param(None, [], "--socket is required", id="no-socket"),
+        pytest.param(None, ["--socket", "S"], "cannot read --manifest", id="no-manifest-file"),
+        pytest.param("not json", ["--socket", "S"], "is not JSON", id="not-json"),
+        pytest.param('{"id": "a1"}', ["--socket", "S"], "is not an agent record", id="no-spec"),
+        pytest.param('{"id": "a1", "spec": {"provider": 7}}', ["--socket", "S"],
+                     "spec.provider must be a string or null", id="provider-int"),
+    ],
+)  # fmt: skip
+def test_bad_agent_worker_arguments_exit_4_in_one_line(
+    tmp_path: Path, manifest: str | None, args: list[str], says: str
+) -> None:
+    """Tried: upstream's network-mode ``--listen``, no ``--socket``, and manifests that are
+    missing, not JSON, not a record, or mistyped. Nothing is written."""
+    path = tmp_path / "agents" / "a1" / "manifest.json"
+    path.parent.mkdir(parents=True)
+    if manifest is not None:
+        path.write_text(manifest)
+    done = agent_worker(
+        "--manifest", str(path), *[a.replace("S", str(tmp_path / "s")) for a in args]
+    )
+    assert done.returncode == 4, done
+    assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in path.parent.iterdir()) == (["manifest.json"] if manifest else [])
+
+
+def test_the_daemon_starts_workers_with_upstreams_arguments_and_a_manifest_they_read(
+    tmp_short: Path,
+) -> None:
+    """The worker's command line is upstream's ``__agent-worker --manifest --socket
+    --control-socket``; the manifest has upstream's AgentRecord fields."""
+    import psutil
+
+    daemon = DaemonProcess(tmp_short).start()
+    try:
+        [agent_id] = daemon.spawn(1, "turns=100000,turn_ms=50")
+        directory = daemon.records()[agent_id].session_dir
+
+        def argv() -> list[str] | None:
+            for child in psutil.Process(daemon.pid).children(recursive=True):
+                words = child.cmdline()
+                if "__agent-worker" in words:
+                    return words
+            return None
+
+        words = wait_until(argv, 30, "the worker to start")
+        assert words[words.index("__agent-worker") + 1 :] == [
+            "--manifest", f"{directory}/manifest.json", "--socket", f"{directory}/agent.sock",
+            "--control-socket", str(daemon.socket),
+        ]  # fmt: skip
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+        for field in ("id", "name", "status", "started_at", "session_dir", "endpoint", "spec"):
+            assert field in manifest, field
+        assert manifest["endpoint"] == {"scheme": "unix", "path": f"{directory}/agent.sock"}
+        assert manifest["spec"]["initial_prompt"] == ""
+    finally:
+        daemon.stop()
+
+
+def test_a_spawn_without_a_prompt_takes_the_workers_default(tmp_short: Path) -> None:
+    """A scale-up spawns with the task's prompt, which may be none: the client leaves the
+    field out (upstream's ``initial_prompt`` is a string, never null)."""
+    daemon = DaemonProcess(tmp_short).start()
+    try:
+        with daemon.client() as client:
+            agent_id = client.spawn(provider="scripted", model="turns=2,turn_ms=5",
+                                    initial_prompt=None).id  # fmt: skip
+        daemon.wait_for_status([agent_id], {AgentStatus.IDLE}, 30)
+        assert daemon.records()[agent_id].spec.initial_prompt == ""
+    finally:
+        daemon.stop()

@@ -5,7 +5,8 @@ and ``observe.read_sessions`` on real session files.
 
 The waits are the project's defaults (``Thresholds.of(Settings())``), never shortened:
 heartbeats silent after 45 s, status settled 10 s after a heartbeat, phase side effects
-25 s after a phase change, 600 s for a first heartbeat, 60 s of slack on deadlines.
+25 s after a phase change, 600 s for a first heartbeat, 60 s of slack on deadlines, a
+snapshot on its way until 400 s (not cut) or 3640 s (cut) after its checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from orchestrator.audit.checks import (
     check_operations,
     check_orphans,
     check_sessions,
+    check_snapshots,
     check_tasks,
 )
 from orchestrator.audit.observe import Volumes, read_sessions
@@ -51,6 +53,7 @@ from orchestrator.ledger import (
     OperationKind,
     OperationState,
     OperationView,
+    UnsettledSnapshotView,
     upgrade,
 )
 from orchestrator.operator import crd
@@ -197,12 +200,15 @@ def tasks_found(
 def test_thresholds_of_the_default_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tried: the waits derived from the default settings (no ``DRAIN_*`` variable set):
     3 x 15 s heartbeats; 2 x 2 s reconciles + 1 s poll + 5; the 16 s heartbeat gap + 4 + 5;
-    the 600 s first-heartbeat allowance; 2 x 15 s sweeps + 30."""
+    the 600 s first-heartbeat allowance; 2 x 15 s sweeps + 30; a snapshot's 300 s cut
+    timeout + the 60 s left to its pass + 2 x 5 s follower looks + 30, and its 3600 s
+    ready timeout + 2 x 5 s + 30."""
     for variable in [v for v in os.environ if v.startswith("DRAIN_")]:
         monkeypatch.delenv(variable)
     assert Thresholds.of(Settings()) == Thresholds(
         heartbeat_silent_secs=45.0, status_settle_secs=10.0, phase_settle_secs=25.0,
-        first_heartbeat_secs=600.0, overdue_slack_secs=60.0,
+        first_heartbeat_secs=600.0, overdue_slack_secs=60.0, snapshot_cut_secs=400.0,
+        snapshot_ready_secs=3640.0,
     )  # fmt: skip
 
 
@@ -805,6 +811,85 @@ def test_snapshotless_checkpoint_whose_pvc_exists_is_fine() -> None:
     assert check_checkpoint_workspaces([checkpoint(pvc_name=None)], Cluster()) == []
 
 
+def test_a_snapshot_on_its_way_holds_the_checkpoint_whatever_became_of_its_pvc() -> None:
+    """Tried: a snapshot cut and not ready, its retained PVC since deleted (the
+    external-snapshotter removes a snapshot's source PVC only once the snapshot is
+    ready): the VolumeSnapshot is the workspace."""
+    pending = checkpoint(snapshot_name="snap-1", snapshot_cut_at=ago(30))
+    assert check_checkpoint_workspaces([pending], Cluster(snapshots=[snapshot()])) == []
+
+
+def test_a_snapshot_on_its_way_gone_with_its_pvc_is_workspace_missing() -> None:
+    pending = checkpoint(snapshot_name="snap-1", snapshot_cut_at=ago(30))
+    gone = Cluster(snapshots=[snapshot(terminating=True)])
+    assert check_checkpoint_workspaces([pending], gone) == [
+        Finding(
+            FindingKind.WORKSPACE_MISSING, "checkpoint ckpt-1",
+            "checkpoint of task default/task-a: neither its VolumeSnapshot snap-1, which the "
+            "ledger says is on its way, nor its workspace PVC task-a-workspace exists; the "
+            "ledger still calls it restorable",
+            NS,
+        )
+    ]  # fmt: skip
+
+
+def unsettled(cut_secs_ago: float | None, checkpoint_secs_ago: float) -> UnsettledSnapshotView:
+    """Checkpoint ckpt-1 of task-a, taken ``checkpoint_secs_ago``, its snapshot snap-1 cut
+    ``cut_secs_ago`` (None: not cut) and neither ready nor failed."""
+    return UnsettledSnapshotView(
+        id=1, ref="ckpt-1", task_uid=UID, namespace=NS, name="task-a",
+        pvc_name="task-a-workspace", created_at=ago(checkpoint_secs_ago), snapshot_name="snap-1",
+        snapshot_cut_at=None if cut_secs_ago is None else ago(cut_secs_ago),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pending", "late"),
+    [
+        pytest.param(unsettled(None, 10), False, id="just-asked"),
+        pytest.param(unsettled(None, 400), False, id="not-cut-at-its-deadline"),
+        pytest.param(unsettled(None, 401), True, id="not-cut-past-its-deadline"),
+        pytest.param(unsettled(3000, 3005), False, id="cut-uploading-for-50-minutes"),
+        pytest.param(unsettled(3635, 3640), False, id="cut-at-its-ready-deadline"),
+        pytest.param(unsettled(3636, 3641), True, id="cut-past-its-ready-deadline"),
+    ],
+)  # fmt: skip
+def test_a_pending_snapshot_is_no_finding_until_its_deadline(
+    pending: UnsettledSnapshotView, late: bool
+) -> None:
+    """The defaults: 300 s to the cut (+ 60 s left to its pass + 40 s for the follower
+    to see it), 3600 s to ready (+ 40 s), both from the checkpoint."""
+    found = check_snapshots([pending], NOW, LIMITS, {})
+    assert kinds(found) == ([FindingKind.SNAPSHOT_OVERDUE] if late else [])
+
+
+def test_a_snapshot_that_never_came_is_a_finding_on_its_task() -> None:
+    """Tried: snapshots the ledger still calls on their way long past their deadlines, one
+    of a live task (the finding is raised on it), one cut, of a task since deleted."""
+    live = {(NS, "task-a"): task()}
+    never_cut = check_snapshots([unsettled(None, 1000)], NOW, LIMITS, live)
+    assert never_cut == [
+        Finding(
+            FindingKind.SNAPSHOT_OVERDUE, "checkpoint ckpt-1",
+            "of task default/task-a: the ledger still says its VolumeSnapshot snap-1 is on its "
+            "way (not cut) 400s after the checkpoint, 600s past the moment the operator "
+            "records such a snapshot failed; is the operator running (with --manage-sandbox)?",
+            NS, "task-a",
+        )
+    ]  # fmt: skip
+    never_ready = check_snapshots([unsettled(7190, 7200)], NOW, LIMITS, {})
+    assert never_ready == [
+        Finding(
+            FindingKind.SNAPSHOT_OVERDUE, "checkpoint ckpt-1",
+            "of task default/task-a: the ledger still says its VolumeSnapshot snap-1 is on its "
+            "way (cut at 2026-12-02T10:00:10Z and not readyToUse) 3640s after the checkpoint, "
+            "3560s past the moment the operator records such a snapshot failed; is the "
+            "operator running (with --manage-sandbox)?",
+            NS,
+        )
+    ]  # fmt: skip
+
+
 def test_snapshotless_checkpoint_whose_pvc_is_gone_is_workspace_missing() -> None:
     """Tried: no snapshot, and the PVC deleted (then terminating)."""
     expected = [
@@ -1153,7 +1238,7 @@ def test_session_edited_after_the_checkpoint_reads_another_sha(tmp_path: Path) -
     ckpt = checkpoint(agents=(agent("a1", turns=3, sha=sha),))
     path = layout.session_file(layout.agent_dir(tmp_path, "a1"))
     document = json.loads(path.read_bytes())
-    document["messages"][0]["content"] = "edited"
+    document["messages"][0]["content"][0]["text"] = "edited"
     path.write_text(json.dumps(document))
     reading = read_sessions(tmp_path, ckpt)["a1"]
     assert reading.turns == 3

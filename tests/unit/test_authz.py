@@ -4,6 +4,7 @@ rules Kubernetes' RBAC authorizer applies; and the operator's permission check
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -211,6 +212,13 @@ def test_only_what_the_configuration_uses_is_checked() -> None:
     assert {p.need for p in permissions.active(needs)} == {permissions.Need.ALWAYS}
     needs = permissions.needs_of(manage_sandbox=True, snapshots=False, peering=True)
     assert permissions.Need.SNAPSHOTS not in needs and permissions.Need.PEERING in needs
+    assert permissions.Need.WORKSPACE_STATUS not in needs
+    needs = permissions.needs_of(
+        manage_sandbox=True, snapshots=True, peering=False, workspace_status=True
+    )
+    assert [
+        p.resource for p in permissions.active(needs) if p.need is permissions.Need.WORKSPACE_STATUS
+    ] == ["workspaces/status"]
 
 
 def test_a_missing_verb_is_named_in_one_line() -> None:
@@ -225,3 +233,48 @@ def test_a_missing_verb_is_named_in_one_line() -> None:
         "the operator lacks RBAC permission: patch calibantasks/status "
         "(caliban.caliban-ai.dev) cluster-wide; see deploy/base/rbac.yaml"
     )
+
+
+def _api_error(status: int, body: dict[str, Any]) -> Exception:
+    from kubernetes.client.exceptions import ApiException
+
+    error: Exception = ApiException(status=status, reason="Forbidden")
+    error.body = json.dumps(body)  # type: ignore[attr-defined]
+    return error
+
+
+TERMINATING_REFUSAL = {
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403, "reason": "Forbidden",
+    "message": 'poddisruptionbudgets.policy "t-drain-guard" is forbidden: unable to create new '
+               "content in namespace team-x because it is being terminated",
+    "details": {"name": "t-drain-guard", "group": "policy", "kind": "poddisruptionbudgets",
+                "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                            "message": "namespace team-x is being terminated"}]},
+}  # fmt: skip
+RBAC_REFUSAL = {
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403, "reason": "Forbidden",
+    "message": 'poddisruptionbudgets.policy is forbidden: User "system:serviceaccount:caliban-'
+               'drain:caliban-drain-operator" cannot create resource "poddisruptionbudgets" in '
+               'API group "policy" in the namespace "team-x"',
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "terminating"),
+    [
+        (TERMINATING_REFUSAL, True),
+        ({**TERMINATING_REFUSAL, "details": {}}, True),  # a server that gives no cause
+        ({**TERMINATING_REFUSAL, "message": "forbidden", "details": TERMINATING_REFUSAL["details"]},
+         True),
+        (RBAC_REFUSAL, False),
+    ],
+    ids=["with-cause", "message-only", "cause-only", "rbac"],
+)  # fmt: skip
+def test_a_create_refused_in_a_terminating_namespace_is_not_a_missing_permission(
+    body: dict[str, Any], terminating: bool
+) -> None:
+    refused = _api_error(403, body)
+    assert permissions.refused_as_terminating(refused) is terminating
+    named = permissions.forbidden_permission(refused)
+    assert named == (None if terminating else RBAC_REFUSAL["message"])
+    assert not permissions.refused_as_terminating(_api_error(404, TERMINATING_REFUSAL))

@@ -1,4 +1,6 @@
-"""The task's ServiceAccount and NetworkPolicy builders (caliban-operator's conventions)."""
+"""The builders of what the operator creates (``orchestrator.operator.children``): the
+task's ServiceAccount and NetworkPolicy (caliban-operator's conventions), its drain guard,
+the broker Secret, a checkpoint's VolumeSnapshot, and who each says manages it."""
 
 from __future__ import annotations
 
@@ -148,3 +150,73 @@ def test_the_daemon_container_stays_first_and_ours_is_not_mutated() -> None:
     assert [c["name"] for c in merged["spec"]["containers"]] == ["caliband", "sidecar"]
     assert merged["spec"]["containers"][0]["tty"] is True
     assert repr(OURS) == before
+
+
+# ------------------------------------------------------------------- who manages what
+
+TASK = children.TaskRef("ns", "t", "u-1")
+
+
+def test_the_managed_by_label_is_kubernetes_recommended_one_naming_caliban_drain() -> None:
+    assert (crd.MANAGED_BY_LABEL, crd.MANAGED_BY) == (
+        "app.kubernetes.io/managed-by",
+        "caliban-drain",
+    )
+
+
+@pytest.mark.parametrize(
+    ("built", "labels"),
+    [
+        (children.service_account("t", "ns", OWNER),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.network_policy("t", "ns", OWNER, "redis://broker:6379/0"),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.workspace_pvc(TASK, "ws-t", "1Gi"),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.workspace_pvc(TASK, "ws-t2", "1Gi", from_snapshot="ck-1"),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.drain_guard("t", "ns", OWNER),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.broker_secret("ns", "caliban-drain-broker", "redis://broker:6379/0"),
+         {crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT,
+          "app.kubernetes.io/managed-by": "caliban-drain"}),
+        (children.workspace_snapshot(TASK, "ck-1", "ws-t", "csi-snapclass"),
+         {crd.TASK_LABEL: "t", "app.kubernetes.io/managed-by": "caliban-drain",
+          crd.CHECKPOINT_LABEL: "ck-1", crd.TASK_UID_LABEL: "u-1"}),
+    ],
+    ids=["service-account", "network-policy", "pvc", "restored-pvc", "drain-guard",
+         "broker-secret", "volume-snapshot"],
+)  # fmt: skip
+def test_every_object_the_operator_creates_says_caliban_drain_manages_it(
+    built: dict[str, object], labels: dict[str, str]
+) -> None:
+    metadata = built["metadata"]
+    assert isinstance(metadata, dict)
+    assert metadata["labels"] == labels
+
+
+def test_the_drain_guard_holds_the_tasks_pod_and_goes_with_the_task() -> None:
+    guard = children.drain_guard("t", "ns", OWNER)
+    assert guard["metadata"]["name"] == "t-drain-guard" == children.drain_guard_name("t")
+    assert guard["metadata"]["ownerReferences"] == [OWNER]
+    assert guard["spec"] == {
+        "maxUnavailable": 0,
+        "selector": {"matchLabels": {crd.TASK_LABEL: "t"}},
+    }
+
+
+def test_a_checkpoints_snapshot_is_named_by_its_ref_and_owned_by_nobody() -> None:
+    snapshot = children.workspace_snapshot(TASK, "ck-1", "ws-t", "csi-snapclass")
+    assert (snapshot["metadata"]["name"], snapshot["metadata"]["namespace"]) == ("ck-1", "ns")
+    assert "ownerReferences" not in snapshot["metadata"]
+    assert snapshot["spec"] == {
+        "volumeSnapshotClassName": "csi-snapclass",
+        "source": {"persistentVolumeClaimName": "ws-t"},
+    }
+
+
+def test_the_broker_secret_holds_the_url_base64_and_belongs_to_no_task() -> None:
+    secret = children.broker_secret("ns", "caliban-drain-broker", "redis://:pw@broker:6379/0")
+    assert secret["data"] == {crd.BROKER_SECRET_KEY: "cmVkaXM6Ly86cHdAYnJva2VyOjYzNzkvMA=="}
+    assert "ownerReferences" not in secret["metadata"]
+    assert crd.TASK_LABEL not in secret["metadata"]["labels"]

@@ -185,6 +185,70 @@ def test_the_restore_size_in_bytes_is_the_request_or_else_the_copy(
     assert csi.size_in_bytes(requested, tmp_path) == expected
 
 
+def test_a_cut_snapshot_is_never_taken_again_while_its_readiness_is_due() -> None:
+    """Tried: a snapshot bound to its content with its creationTime and not ready (a ready
+    delay): its copy is in place, so it is not taken again, whatever the delay."""
+    cut = snapshot(readyToUse=False, creationTime="2025-03-04T05:06:07Z",
+                   boundVolumeSnapshotContentName="snapcontent-vs-uid")  # fmt: skip
+    assert csi.cut(cut)
+    assert csi.plan_snapshot(cut, [OURS], CLAIMS, {("team", "ws")}) is None
+    bound_only = snapshot(readyToUse=False, boundVolumeSnapshotContentName="snapcontent-vs-uid")
+    assert not csi.cut(bound_only)
+    assert csi.plan_snapshot(bound_only, [OURS], CLAIMS, {("team", "ws")}) == csi.Take(OURS, CLAIM)
+
+
+def test_with_a_ready_delay_a_snapshot_is_cut_at_once_and_ready_later() -> None:
+    """What the driver writes at the cut with a ready delay: bound, creationTime, not
+    ready, on the snapshot and its content alike."""
+    assert csi.ready_status("snapcontent-vs-uid", MOMENT, "1Gi", ready=False) == {
+        "boundVolumeSnapshotContentName": "snapcontent-vs-uid",
+        "creationTime": "2025-03-04T05:06:07Z",
+        "readyToUse": False,
+        "restoreSize": "1Gi",
+        "error": None,
+    }
+    assert csi.content_status("vs-uid", 1073741824, MOMENT, ready=False) == {
+        "snapshotHandle": "vs-uid",
+        "readyToUse": False,
+        "restoreSize": 1073741824,
+        "creationTime": 1741064767890000000,
+    }
+
+
+CUT_SNAPSHOT = snapshot(readyToUse=False, creationTime="2025-03-04T05:06:07Z",
+                        boundVolumeSnapshotContentName="snapcontent-vs-uid")  # fmt: skip
+CUT_CONTENT = {"metadata": {"name": "snapcontent-vs-uid"},
+               "spec": {"driver": "dev.caliban-drain.io/hostpath"},
+               "status": {"snapshotHandle": "vs-uid", "readyToUse": False,
+                          "creationTime": 1741064767890000000}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "contents", "after_secs", "due"),
+    [
+        (CUT_SNAPSHOT, {"snapcontent-vs-uid": CUT_CONTENT}, 59.999, False),
+        (CUT_SNAPSHOT, {"snapcontent-vs-uid": CUT_CONTENT}, 60.0, True),
+        ({**CUT_SNAPSHOT, "status": {**CUT_SNAPSHOT["status"], "readyToUse": True}},
+         {"snapcontent-vs-uid": CUT_CONTENT}, 120.0, False),
+        (snapshot(readyToUse=False), {"snapcontent-vs-uid": CUT_CONTENT}, 120.0, False),
+        (CUT_SNAPSHOT, {}, 120.0, False),
+        (CUT_SNAPSHOT, {"snapcontent-vs-uid": {**CUT_CONTENT,
+                                               "spec": {"driver": "ebs.csi.aws.com"}}},
+         120.0, False),
+        ({**CUT_SNAPSHOT, "metadata": {**CUT_SNAPSHOT["metadata"],
+                                       "deletionTimestamp": "2025-03-04T05:06:30Z"}},
+         {"snapcontent-vs-uid": CUT_CONTENT}, 120.0, False),
+    ],
+    ids=["before-the-delay", "at-the-delay", "ready-already", "not-cut", "no-content",
+         "another-drivers-content", "being-deleted"],
+)  # fmt: skip
+def test_a_cut_snapshot_becomes_ready_once_the_delay_has_passed_since_its_contents_cut(
+    case: dict[str, Any], contents: dict[str, Any], after_secs: float, due: bool
+) -> None:
+    now = MOMENT + datetime.timedelta(seconds=after_secs)
+    assert csi.ready_due(case, contents, now, 60.0) is due
+
+
 # ------------------------------------------------------------------ restores
 
 

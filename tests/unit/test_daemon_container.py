@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-import kopf
 import pytest
 
-from orchestrator.ledger import Ledger
 from orchestrator.operator import crd
-from orchestrator.operator.handlers import Reconciler
+from orchestrator.operator.children import PodSettings, TaskRef, sandbox
 from orchestrator.operator.lifecycle import TaskSpec, parse_spec
 from orchestrator.settings import Settings
 from worker_agent.settings import DaemonSettings
@@ -22,6 +20,9 @@ TASK: dict[str, Any] = {
     "metadata": {"name": "demo", "namespace": "team-a", "uid": "6f1c2f5e-0d7a-4f7e-9d61"},
     "spec": {"task": {"agents": 2, "provider": "scripted"}},
 }
+
+
+DEMO = TaskRef("team-a", "demo", "6f1c2f5e-0d7a-4f7e-9d61")
 
 
 def resolved(spec: dict[str, Any]) -> TaskSpec:
@@ -36,11 +37,8 @@ BROKER = "redis://:hunter2-secret@broker.team-a:6379/0"
 def daemon_container(monkeypatch: pytest.MonkeyPatch, log_format: str) -> dict[str, Any]:
     monkeypatch.setenv("DRAIN_LOG_FORMAT", log_format)
     settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
-    # The Sandbox body is built from the object alone; no ledger call is made.
-    reconciler = Reconciler(
-        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
-    )
-    body = reconciler.sandbox_body(resolved(dict(TASK["spec"])), "ws-demo")
+    pod = PodSettings.of(settings)
+    body = sandbox(DEMO, resolved(dict(TASK["spec"])), "ws-demo", pod)
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     return cast(dict[str, Any], container)
 
@@ -71,28 +69,37 @@ def test_the_daemon_logs_in_the_operators_format_and_never_sees_the_url_inline(
 
 def test_the_sandbox_the_operator_makes_is_named_task_sbx_and_owned_by_the_task() -> None:
     settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
-    reconciler = Reconciler(
-        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
-    )
+    pod = PodSettings.of(settings)
     spec = resolved(dict(TASK["spec"]))
-    body = reconciler.sandbox_body(spec, "ws-demo")
-    assert body["metadata"]["name"] == "demo-sbx" == reconciler.sandbox_of(spec)
+    body = sandbox(DEMO, spec, "ws-demo", pod)
+    assert body["metadata"]["name"] == "demo-sbx" == crd.sandbox_name(DEMO.name, spec.sandbox_name)
     assert body["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "demo-sa"
     assert [o["uid"] for o in body["metadata"]["ownerReferences"]] == [TASK["metadata"]["uid"]]
     named = resolved({**TASK["spec"], "sandbox": {"name": "shared"}})
-    assert reconciler.sandbox_of(named) == "shared"
+    assert crd.sandbox_name(DEMO.name, named.sandbox_name) == "shared"
+
+
+def test_the_sandbox_says_caliban_drain_manages_it_and_its_pod_template_does_not() -> None:
+    """The pod is the Sandbox controller's: it carries the task and component labels that
+    select it, not a claim that this operator manages it."""
+    settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
+    body = sandbox(DEMO, resolved(dict(TASK["spec"])), "ws-demo", PodSettings.of(settings))
+    assert body["metadata"]["labels"] == {
+        crd.TASK_LABEL: "demo", "app.kubernetes.io/managed-by": "caliban-drain",
+    }  # fmt: skip
+    assert body["spec"]["podTemplate"]["metadata"]["labels"] == {
+        crd.TASK_LABEL: "demo", crd.COMPONENT_LABEL: crd.DAEMON_COMPONENT,
+    }  # fmt: skip
 
 
 def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> None:
     settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
-    reconciler = Reconciler(
-        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
-    )
-    default = reconciler.sandbox_body(resolved(dict(TASK["spec"])), "ws-demo")
+    pod = PodSettings.of(settings)
+    default = sandbox(DEMO, resolved(dict(TASK["spec"])), "ws-demo", pod)
     [plain] = default["spec"]["podTemplate"]["spec"]["containers"]
     assert plain["image"] == settings.daemon_image
     task = {"agents": 2, "image": "reg.example/caliband:1", "env": [{"name": "A", "value": "1"}]}
-    body = reconciler.sandbox_body(resolved({"task": task}), "ws-demo")
+    body = sandbox(DEMO, resolved({"task": task}), "ws-demo", pod)
     [container] = body["spec"]["podTemplate"]["spec"]["containers"]
     assert container["image"] == "reg.example/caliband:1"
     assert container["env"] == [*plain["env"], {"name": "A", "value": "1"}]
@@ -100,23 +107,19 @@ def test_the_tasks_image_and_env_land_in_the_daemon_container_after_ours() -> No
 
 def test_the_sandbox_pod_template_of_the_spec_is_merged_under_ours() -> None:
     settings = Settings(broker_url=BROKER, result_backend="redis://127.0.0.1:6379/1")
-    reconciler = Reconciler(
-        kopf.Body(cast(kopf.RawBody, TASK)), kopf.Patch(), cast(Ledger, None), settings
-    )
     template = {
-        "metadata": {"labels": {"team": "a", crd.TASK_LABEL: "someone-else"}},
+        "metadata": {"labels": {"team": "a"}},
         "spec": {
             "nodeSelector": {"pool": "agents"},
-            "serviceAccountName": "admin",
             "containers": [{"name": "caliband", "resources": {"limits": {"memory": "2Gi"}}}],
         },
     }
     spec = resolved({**TASK["spec"], "sandbox": {"podTemplate": template}})
-    pod = reconciler.sandbox_body(spec, "ws-demo")["spec"]["podTemplate"]
-    assert pod["metadata"]["labels"]["team"] == "a"
-    assert pod["metadata"]["labels"][crd.TASK_LABEL] == "demo"
-    assert pod["spec"]["nodeSelector"] == {"pool": "agents"}
-    assert pod["spec"]["serviceAccountName"] == "demo-sa"
-    [container] = pod["spec"]["containers"]
+    written = sandbox(DEMO, spec, "ws-demo", PodSettings.of(settings))["spec"]["podTemplate"]
+    assert written["metadata"]["labels"]["team"] == "a"
+    assert written["metadata"]["labels"][crd.TASK_LABEL] == "demo"
+    assert written["spec"]["nodeSelector"] == {"pool": "agents"}
+    assert written["spec"]["serviceAccountName"] == "demo-sa"
+    [container] = written["spec"]["containers"]
     assert container["resources"] == {"limits": {"memory": "2Gi"}}
     assert container["command"] == ["drainctl"]

@@ -47,6 +47,7 @@ from orchestrator.ledger import (
     OperationMove,
     OperationState,
     OperationView,
+    SnapshotMove,
     UnknownOperation,
     checkpoint_ref_for,
     create_ledger_engine,
@@ -58,6 +59,13 @@ from orchestrator.ledger import (
     upgrade_sql,
 )
 from orchestrator.ledger.models import Base, Checkpoint, CheckpointAgent, Operation
+from orchestrator.ledger.repository import (
+    IN_LIST_MAX,
+    _checkpoint_view,
+    _in_chunks,
+    _operation_view,
+    _unsettled_snapshots_query,
+)
 from worker_agent.proto import ResumeRef
 
 T = TypeVar("T")
@@ -113,6 +121,63 @@ def commits() -> Iterator[list[int]]:
         yield counted
     finally:
         event.remove(Engine, "commit", count)
+
+
+@contextlib.contextmanager
+def values_bound_per_select(prefix: str) -> Iterator[list[int]]:
+    """For each SELECT of every engine while the block runs, how many of its bound
+    parameters are strings starting with ``prefix`` (a SELECT binding none is left out)."""
+    counted: list[int] = []
+
+    def count(
+        _connection: object, _cursor: object, statement: str, parameters: Any, *_: object
+    ) -> None:
+        if not statement.lstrip().upper().startswith("SELECT"):
+            return
+        values = parameters.values() if isinstance(parameters, dict) else parameters
+        bound = sum(isinstance(value, str) and value.startswith(prefix) for value in values)
+        if bound:
+            counted.append(bound)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        yield counted
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+
+
+def advance_unknown(ledger: Ledger, op_ids: list[str]) -> None:
+    with pytest.raises(UnknownOperation):
+        ledger.advance_operations(
+            [OperationMove(op_id) for op_id in op_ids],
+            OperationState.DRAINING,
+            expect=[OperationState.PENDING],
+        )
+
+
+def begin_each(ledger: Ledger, keys: list[str]) -> None:
+    ledger.begin_operations([
+        NewOperation(OperationKind.PAUSE, task_uid=f"uid-{key}", namespace="default",
+                     name=f"task-{key}", idempotency_key=key)
+        for key in keys
+    ])  # fmt: skip
+
+
+QUESTIONS_ABOUT_MANY_VALUES = [
+    pytest.param(begin_each, [500, 1], id="begin_operations-idempotency-keys"),
+    pytest.param(Ledger.get_operations, [500, 1], id="get_operations"),
+    pytest.param(Ledger.operation_states, [500, 1], id="operation_states"),
+    pytest.param(advance_unknown, [500, 1], id="advance_operations-locks"),
+    pytest.param(Ledger.existing_refs, [500, 1], id="existing_refs"),
+    pytest.param(Ledger.resumed_refs, [500, 1], id="resumed_refs"),
+    pytest.param(lambda ledger, names: ledger.newest_refs_of_pvcs(
+        [("default", name) for name in names]), [500, 1], id="newest_refs_of_pvcs"),
+    pytest.param(lambda ledger, names: ledger.workspace_references(
+        [("default", name) for name in names], [("default", name) for name in names]),
+        [500, 1, 500, 1], id="workspace_references-pvcs-then-snapshots"),
+]  # fmt: skip
+"""Every ledger call that puts a caller's collection into ``IN (…)``, asked about 501
+values: how many of them each of its SELECTs binds."""
 
 
 def rows(database: Engine, table: str) -> int:
@@ -537,6 +602,21 @@ class LedgerBehaviour:
         with pytest.raises(LookupError):
             ledger.expire_operation(missing, "deadline passed")
 
+    # ---------------------------------------------------- questions about many values
+
+    @pytest.mark.parametrize(("ask", "bound"), QUESTIONS_ABOUT_MANY_VALUES)
+    def test_a_question_about_many_values_binds_at_most_500_of_them_a_statement(
+        self, ledger: Ledger, ask: Callable[[Ledger, list[str]], object], bound: list[int]
+    ) -> None:
+        """Tried: 501 values, one more than ``IN_LIST_MAX``, none of them in the ledger;
+        a call that put them all into one ``IN (…)`` binds [501]."""
+        asked = [f"asked-{i:04d}" for i in range(501)]
+
+        with values_bound_per_select("asked-") as counted:
+            ask(ledger, asked)
+
+        assert counted == bound
+
     # ---------------------------------------------------------------- checkpoints
 
     def test_record_checkpoint_writes_checkpoint_agents_and_the_recorded_operation(
@@ -954,6 +1034,117 @@ class LedgerBehaviour:
         assert failed is not None and failed.snapshot_name is None
         assert failed.snapshot_error == "no VolumeSnapshotClass x"
 
+    def test_a_snapshot_is_recorded_cut_then_ready_and_pending_in_between(
+        self, ledger: Ledger
+    ) -> None:
+        ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.DELETE).ref
+        asked = ledger.record_snapshot(ref, ref)
+        assert asked is not None and asked.snapshot_pending and asked.snapshot_cut_at is None
+        cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+
+        cut = ledger.record_snapshot(ref, ref, cut_at=cut_at)
+
+        assert cut is not None and cut.snapshot_pending and cut.snapshot is None
+        assert cut.snapshot_cut_at == cut_at
+        ready_at = cut_at + timedelta(minutes=4)
+        ready = ledger.record_snapshot(ref, ref, cut_at=ready_at, ready_at=ready_at)
+        assert ready is not None and not ready.snapshot_pending and ready.snapshot == ref
+        # The first cut is the snapshot's point in time: a later report does not move it.
+        assert (ready.snapshot_cut_at, ready.snapshot_ready_at) == (cut_at, ready_at)
+
+    def test_unsettled_snapshots_are_the_asked_and_cut_ones_in_pages_by_id(
+        self, ledger: Ledger
+    ) -> None:
+        """Tried: checkpoints without a snapshot, with one asked for, cut, ready, failed,
+        and asked for on a checkpoint since marked unavailable (still followed: its
+        snapshot's fate is still to be said)."""
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=f"task-{n}").id, [],
+                reason=CheckpointReason.DELETE, pvc_name=f"ws-{n}",
+            ).ref
+            for n in range(6)
+        ]  # fmt: skip
+        cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+        ledger.record_snapshot(refs[1], refs[1])
+        ledger.record_snapshot(refs[2], refs[2], cut_at=cut_at)
+        ledger.record_snapshot(refs[3], refs[3], ready_at=cut_at)
+        ledger.record_snapshot(refs[4], refs[4], error="not cut within 300s")
+        ledger.record_snapshot(refs[5], refs[5])
+        ledger.mark_checkpoint_unavailable(refs[5], "released by drainctl ledger prune")
+
+        first = ledger.unsettled_snapshots(0, 2)
+        rest = ledger.unsettled_snapshots(first[-1].id, 2)
+
+        assert [(u.ref, u.snapshot_name, u.snapshot_cut_at) for u in first + rest] == [
+            (refs[1], refs[1], None), (refs[2], refs[2], cut_at), (refs[5], refs[5], None),
+        ]  # fmt: skip
+        assert (first[0].namespace, first[0].name, first[0].pvc_name) == (
+            "default", "task-1", "ws-1",
+        )  # fmt: skip
+        assert ledger.unsettled_snapshots(rest[-1].id, 2) == []
+        with pytest.raises(ValueError, match="limit must be a positive integer"):
+            ledger.unsettled_snapshots(0, 0)
+
+    def test_moving_snapshots_hands_back_only_what_this_call_changed(self, ledger: Ledger) -> None:
+        """What lets two followers record one outcome and say it once: the second call
+        with the same news changes nothing and gets nothing back."""
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}", name=f"task-{n}").id, [],
+                reason=CheckpointReason.PAUSE, pvc_name=f"ws-{n}",
+            ).ref
+            for n in range(3)
+        ]  # fmt: skip
+        for ref in refs:
+            ledger.record_snapshot(ref, ref)
+        cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+        ready_at = cut_at + timedelta(minutes=3)
+        moves = [
+            SnapshotMove(refs[0], cut_at=cut_at),
+            SnapshotMove(refs[1], cut_at=cut_at, ready_at=ready_at),
+            SnapshotMove(refs[2], error="not readyToUse within 3600s of the checkpoint"),
+            SnapshotMove("ckpt-unknown", ready_at=ready_at),
+        ]
+
+        moved = ledger.move_snapshots(moves)
+
+        assert {c.ref: (c.snapshot_cut_at, c.snapshot_ready_at, c.snapshot_error)
+                for c in moved} == {
+            refs[0]: (cut_at, None, None),
+            refs[1]: (cut_at, ready_at, None),
+            refs[2]: (None, None, "not readyToUse within 3600s of the checkpoint"),
+        }  # fmt: skip
+        assert len(moved) == 3
+        assert ledger.move_snapshots(moves) == []
+        # Settled stays settled: a late ready does not undo a failure, nor a failure a ready.
+        late = [SnapshotMove(refs[2], ready_at=ready_at), SnapshotMove(refs[1], error="late")]
+        assert ledger.move_snapshots(late) == []
+        assert ledger.get_checkpoint(refs[1]).snapshot == refs[1]  # type: ignore[union-attr]
+        assert ledger.move_snapshots([]) == []
+        with pytest.raises(ValueError, match="must be a timezone-aware datetime"):
+            ledger.move_snapshots([SnapshotMove(refs[0], cut_at=datetime(2026, 1, 1))])
+
+    def test_a_deleted_workspace_takes_the_checkpoints_it_alone_holds_not_those_on_snapshots(
+        self, ledger: Ledger
+    ) -> None:
+        """Tried: four checkpoints of PVC ws: none snapshotted, one ready, one on its way
+        (cut, not ready: the snapshotter keeps its source PVC until then), one failed."""
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, key=f"k{n}").id, [], reason=CheckpointReason.PAUSE, pvc_name="ws"
+            ).ref
+            for n in range(4)
+        ]
+        cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+        ledger.record_snapshot(refs[1], refs[1], ready_at=cut_at)
+        ledger.record_snapshot(refs[2], refs[2], cut_at=cut_at)
+        ledger.record_snapshot(refs[3], refs[3], error="not cut within 300s")
+
+        gone = ledger.mark_workspace_gone("default", "ws", "PVC default/ws deleted with its task")
+
+        assert sorted(gone) == sorted([refs[0], refs[3]])
+
     def test_the_newest_checkpoint_of_a_workspace_pvc_is_the_one_it_holds(
         self, ledger: Ledger
     ) -> None:
@@ -1109,6 +1300,44 @@ class LedgerBehaviour:
             7, None, None,
         )  # fmt: skip
 
+    def test_0010_adds_the_snapshot_cut_and_a_downgrade_keeps_the_snapshot(
+        self, database_url: str
+    ) -> None:
+        upgrade(database_url)
+        ledger = Ledger.from_url(database_url)
+        cut_at = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
+        try:
+            ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.PAUSE).ref
+            ledger.record_snapshot(ref, ref, cut_at=cut_at)
+        finally:
+            ledger.dispose()
+
+        downgrade(database_url, "0009")
+
+        assert current(database_url) == "0009"
+        engine = create_engine(database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                columns = {c["name"] for c in inspect(connection).get_columns("checkpoints")}
+                indexes = {i["name"] for i in inspect(connection).get_indexes("checkpoints")}
+                kept = connection.execute(text("SELECT snapshot_name FROM checkpoints")).scalar()
+        finally:
+            engine.dispose()
+        assert "snapshot_cut_at" not in columns
+        assert "ix_checkpoints_snapshot_unsettled" not in indexes
+        assert kept == ref
+
+        upgrade(database_url)
+
+        ledger = Ledger.from_url(database_url)
+        try:
+            again = ledger.get_checkpoint(ref)
+            assert again is not None and again.snapshot_pending
+            assert again.snapshot_cut_at is None  # not known any more: looked at again
+            assert [u.ref for u in ledger.unsettled_snapshots()] == [ref]
+        finally:
+            ledger.dispose()
+
     def test_0007_admits_scale_and_complete_and_a_downgrade_keeps_older_rows(
         self, database_url: str
     ) -> None:
@@ -1190,6 +1419,80 @@ class TestLedgerOnSQLite(LedgerBehaviour):
 # -------------------------------------------------------------------- no database needed
 
 
+@pytest.mark.parametrize(
+    ("count", "lengths"),
+    [
+        pytest.param(0, [], id="no-values-no-statement"),
+        pytest.param(1, [1], id="one-value"),
+        pytest.param(500, [500], id="exactly-the-max-in-one"),
+        pytest.param(501, [500, 1], id="one-over-the-max-in-two"),
+        pytest.param(1234, [500, 500, 234], id="several-then-the-rest"),
+    ],
+)
+def test_in_lists_are_cut_at_the_most_one_statement_carries(count: int, lengths: list[int]) -> None:
+    """``IN_LIST_MAX`` is 500; every value comes out once, in order."""
+    values = [f"v{i:04d}" for i in range(count)]
+
+    chunks = list(_in_chunks(values))
+
+    assert IN_LIST_MAX == 500
+    assert [len(chunk) for chunk in chunks] == lengths
+    assert [value for chunk in chunks for value in chunk] == values
+
+
+def test_in_lists_are_cut_at_a_given_size() -> None:
+    chunks = [list(chunk) for chunk in _in_chunks(["a", "b", "c", "d", "e"], size=2)]
+
+    assert chunks == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_an_operation_view_converts_the_vocabularies_and_shares_no_json_with_its_row() -> None:
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    row = Operation(
+        id="op-1", kind="pause", task_uid="uid-a", namespace="default", name="task-a",
+        state="draining", idempotency_key="k1", checkpoint_ref=None, grace_secs=5.0,
+        celery_task_ids={"drain": "c-1"}, detail={"agents": {"a1": "draining"}}, error=None,
+        created_at=at, updated_at=at, deadline_at=None, finished_at=None,
+    )  # fmt: skip
+
+    view = _operation_view(row)
+    row.celery_task_ids["record"] = "c-2"
+    assert row.detail is not None
+    row.detail["agents"]["a1"] = "drained"
+
+    assert view == OperationView(
+        id="op-1", kind=OperationKind.PAUSE, task_uid="uid-a", namespace="default",
+        name="task-a", state=OperationState.DRAINING, idempotency_key="k1",
+        checkpoint_ref=None, grace_secs=5.0, celery_task_ids={"drain": "c-1"},
+        detail={"agents": {"a1": "draining"}}, error=None, created_at=at, updated_at=at,
+        deadline_at=None, finished_at=None,
+    )  # fmt: skip
+    assert type(view.kind) is OperationKind
+    assert type(view.state) is OperationState
+
+
+def test_a_checkpoint_view_orders_its_agents_by_id_whatever_the_rows_order() -> None:
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    row = Checkpoint(
+        id=7, ref="ckpt-7", operation_id="op-1", task_uid="uid-a", namespace="default",
+        name="task-a", reason="scale-down", pvc_name="ws-a", forced=False, verified=True,
+        created_at=at, unavailable=None, snapshot_name="snap-a", snapshot_ready_at=at,
+        snapshot_error=None,
+        agents=[CheckpointAgent(agent_id=agent_id, session_dir=f"agents/{agent_id}", turns=1,
+                                session_sha256=None, clean=True, exit=0, error=None)
+                for agent_id in ("b", "c", "a")],
+    )  # fmt: skip
+
+    view = _checkpoint_view(row)
+
+    assert [agent.agent_id for agent in view.agents] == ["a", "b", "c"]
+    assert view.agents[0].session_dir == "agents/a"
+    assert type(view.reason) is CheckpointReason
+    assert (view.id, view.ref, view.reason, view.snapshot) == (
+        7, "ckpt-7", CheckpointReason.SCALE_DOWN, "snap-a",
+    )  # fmt: skip
+
+
 def test_checkpoint_refs_are_deterministic_label_values() -> None:
     op_id = "6f1c1f0e-8a59-4f55-9c56-0f5b1f2b7d11"
 
@@ -1232,6 +1535,23 @@ def test_only_sqlite_and_postgresql_urls_make_a_ledger() -> None:
     assert "secret" not in str(raised.value)
     with pytest.raises(ValueError, match="not a SQLAlchemy URL"):
         Ledger.from_url("not a url")
+
+
+def test_the_unsettled_snapshots_are_read_from_their_partial_index(sqlite_at_head: Path) -> None:
+    """The snapshot follower reads its few rows every few seconds among up to millions:
+    from the partial index of migration 0010 (``ix_checkpoints_snapshot_unsettled``),
+    never by a scan of the table."""
+    query = _unsettled_snapshots_query(0, 500)
+    engine = create_engine(f"sqlite:///{sqlite_at_head}", poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(
+                str(row[-1]) for row in connection.execute(text(f"EXPLAIN QUERY PLAN {sql}"))
+            )
+    finally:
+        engine.dispose()
+    assert plan == "SEARCH checkpoints USING INDEX ix_checkpoints_snapshot_unsettled (id>?)"
 
 
 @pytest.mark.parametrize(

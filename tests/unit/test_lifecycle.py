@@ -31,6 +31,7 @@ from orchestrator.operator.lifecycle import (
     CompletionStep,
     ConditionChange,
     DeleteAction,
+    DeletionObserved,
     IdleReport,
     LaunchStep,
     Phase,
@@ -45,7 +46,7 @@ from orchestrator.operator.lifecycle import (
     SpecError,
     TaskSpec,
     Wanted,
-    adopts_pause_drain,
+    adopts_drain,
     availability,
     choose_snapshot_class,
     completed_request,
@@ -155,7 +156,10 @@ def test_an_unset_sandbox_version_is_never_silently_one_until_resolved() -> None
         ({"sandbox": {"name": 7}}, "sandbox.name"),
         ({"sandbox": {"name": "x" * 64}}, "sandbox.name"),
         ({"sandbox": {"podTemplate": "nodeSelector: a"}}, "sandbox.podTemplate"),
-        ({"sandbox": {"podTemplate": {"nodeSelector": {"a": "b"}}}}, "sandbox.podTemplate"),
+        (
+            {"sandbox": {"podTemplate": {"nodeSelector": {"a": "b"}}}},
+            "sandbox.podTemplate.nodeSelector",
+        ),
         ({"sandbox": {"podTemplate": {"spec": []}}}, "sandbox.podTemplate.spec"),
         ({"sandbox": {"podTemplate": {"metadata": "x"}}}, "sandbox.podTemplate.metadata"),
         (
@@ -220,6 +224,8 @@ WAIT = DeleteAction.WAIT
 REC = DeleteAction.RECORDED
 FORCE = DeleteAction.FORCE
 
+NODRAIN = DeleteAction.NOTHING_TO_DRAIN
+
 DRAIN_STATES = [
     OperationState.PENDING,
     OperationState.DRAINING,
@@ -228,45 +234,48 @@ DRAIN_STATES = [
     OperationState.FORCED,
     OperationState.FAILED,
 ]
-# Each row: what the finalizer does in that phase, by the state of the deletion's drain.
-# The first two columns are the drain not begun, without and with a status.checkpointRef
-# (a paused or completed task's); the ref changes nothing once the drain has begun. A pending drain
-# was begun in the ledger and never sent (its operator died in between): it is started
-# again under its key.
-#                        not begun    pending draining drained recorded forced failed
-#                        -     ref
+RAN = DeletionObserved(ran=True)
+NEVER_RAN = DeletionObserved(ran=False)
+PAUSED = DeletionObserved(OperationKind.PAUSE, OperationState.RECORDED, "ck-paused", ran=True)
+COMPLETED = DeletionObserved(OperationKind.COMPLETE, OperationState.RECORDED, "ck-done", ran=True)
+PAUSED_THEN_LIVE = DeletionObserved(
+    OperationKind.PAUSE, OperationState.RECORDED, "ck-paused", live_since=True, ran=True
+)
+PAUSE_FAILED = DeletionObserved(OperationKind.PAUSE, OperationState.FAILED, ran=True)
+RESUMED = DeletionObserved(OperationKind.RESUME, OperationState.RESUMED, "ck-paused", ran=True)
+SCALED_DOWN = DeletionObserved(
+    OperationKind.SCALE_DOWN, OperationState.RECORDED, "ck-scale", ran=True
+)
+# Each row: what the finalizer does for a task the ledger and the cluster observe so, by
+# the state of the deletion's own drain. Never a status field: another writer can set
+# those. A pending drain was begun in the ledger and never sent (its operator died in
+# between): it is started again under its key.
+#                      not begun pending draining drained recorded forced failed
 CHECKPOINT_WITHIN_TIMEOUT = {  # onDelete: checkpoint, drain begun < drainTimeout ago
-    None:               (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.PENDING:      (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.PROVISIONING: (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.RUNNING:      (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.DRAINING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.SUSPENDED:    (START, KEEP, START,   WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.RESUMING:     (START, START, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.COMPLETED:    (START, KEEPC, START,  WAIT,    WAIT,   REC,     REC,   FORCE),
-    Phase.FAILED:       (REL,   REL,  START,   WAIT,    WAIT,   REC,     REC,   FORCE),
+    "ran":              (START,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "never-ran":        (NODRAIN, START, WAIT,    WAIT,   REC,     REC,   FORCE),
+    "paused":           (KEEP,   START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "completed":        (KEEPC,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "paused-then-live": (START,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "pause-failed":     (START,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "resumed":          (START,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
+    "scaled-down":      (START,  START,  WAIT,    WAIT,   REC,     REC,   FORCE),
 }  # fmt: skip
 CHECKPOINT_PAST_TIMEOUT = {  # onDelete: checkpoint, drain begun >= drainTimeout ago
-    None:               (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.PENDING:      (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.PROVISIONING: (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.RUNNING:      (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.DRAINING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.SUSPENDED:    (START, KEEP, FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.RESUMING:     (START, START, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.COMPLETED:    (START, KEEPC, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
-    Phase.FAILED:       (REL,   REL,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "ran":              (START,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "never-ran":        (NODRAIN, FORCE, FORCE,   FORCE,  REC,     REC,   FORCE),
+    "paused":           (KEEP,   FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "completed":        (KEEPC,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "paused-then-live": (START,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "pause-failed":     (START,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "resumed":          (START,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
+    "scaled-down":      (START,  FORCE,  FORCE,   FORCE,  REC,     REC,   FORCE),
 }  # fmt: skip
-ON_DELETE_DELETE = {  # onDelete: delete, whatever else holds
-    None:               (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.PENDING:      (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.PROVISIONING: (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.RUNNING:      (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.DRAINING:     (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.SUSPENDED:    (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.RESUMING:     (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.COMPLETED:    (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
-    Phase.FAILED:       (REL,   REL,  REL,    REL,     REL,    REL,     REL,   REL),
+ON_DELETE_DELETE = {observed: (REL,) * 7 for observed in CHECKPOINT_WITHIN_TIMEOUT}
+OBSERVED = {
+    "ran": RAN, "never-ran": NEVER_RAN, "paused": PAUSED, "completed": COMPLETED,
+    "paused-then-live": PAUSED_THEN_LIVE, "pause-failed": PAUSE_FAILED, "resumed": RESUMED,
+    "scaled-down": SCALED_DOWN,
 }  # fmt: skip
 # Seconds since the drain began (None: no start time known), against drainTimeout: 2m.
 TABLE_BY_ELAPSED = {
@@ -284,82 +293,61 @@ TABLE_BY_ELAPSED = {
 
 
 def _delete_case(
-    on_delete: str, phase: Phase | None, state: OperationState | None, ref: str | None,
-    elapsed: int | None,
-) -> Any:  # fmt: skip
+    on_delete: str, observed: str, state: OperationState | None, elapsed: int | None
+) -> Any:
     table = TABLE_BY_ELAPSED[(on_delete, elapsed)]
-    column = (0 if ref is None else 1) if state is None else 2 + DRAIN_STATES.index(state)
-    expected = table[phase][column]
+    column = 0 if state is None else 1 + DRAIN_STATES.index(state)
+    expected = table[observed][column]
     case_id = "-".join([
-        on_delete, str(phase or "no-phase"), str(state or "not-begun"),
-        "ref" if ref else "no-ref", "no-start" if elapsed is None else f"{elapsed}s",
+        on_delete, observed, str(state or "not-begun"),
+        "no-start" if elapsed is None else f"{elapsed}s",
     ])  # fmt: skip
-    return pytest.param(on_delete, phase, state, ref, elapsed, expected, id=case_id)
+    return pytest.param(on_delete, observed, state, elapsed, expected, id=case_id)
 
 
 DELETE_CASES = [
-    _delete_case(on_delete, phase, state, ref, elapsed)
-    for on_delete, phase, state, ref, elapsed in itertools.product(
-        ["checkpoint", "delete"], [None, *Phase], [None, *DRAIN_STATES],
-        [None, "ckpt-paused"], [None, 10, 119, 120, 500],
+    _delete_case(on_delete, observed, state, elapsed)
+    for on_delete, observed, state, elapsed in itertools.product(
+        ["checkpoint", "delete"], list(OBSERVED), [None, *DRAIN_STATES],
+        [None, 10, 119, 120, 500],
     )
 ]  # fmt: skip
 
 
-def test_the_delete_tables_cover_every_phase() -> None:
+def test_the_delete_tables_cover_every_observation() -> None:
     for table in (CHECKPOINT_WITHIN_TIMEOUT, CHECKPOINT_PAST_TIMEOUT, ON_DELETE_DELETE):
-        assert list(table) == [None, *Phase]
-    assert len(DELETE_CASES) == 1260
+        assert list(table) == list(OBSERVED)
+    assert len(DELETE_CASES) == 560
 
 
-@pytest.mark.parametrize(
-    ("on_delete", "phase", "state", "ref", "elapsed", "expected"), DELETE_CASES
-)
+@pytest.mark.parametrize(("on_delete", "observed", "state", "elapsed", "expected"), DELETE_CASES)
 def test_delete_decision_table(
     on_delete: str,
-    phase: Phase | None,
+    observed: str,
     state: OperationState | None,
-    ref: str | None,
     elapsed: int | None,
     expected: DeleteAction,
 ) -> None:
     task = spec(onDelete=on_delete, drainTimeout="2m")
     started = None if elapsed is None else NOW - timedelta(seconds=elapsed)
     action = decide_delete(
-        task, phase=phase, checkpoint_ref=ref, op_state=state, drain_started=started, now=NOW
+        task, observed=OBSERVED[observed], op_state=state, drain_started=started, now=NOW
     )
     assert action is expected
 
 
-@pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
-def test_a_task_whose_spec_never_parsed_is_released(phase: Phase | None) -> None:
-    action = decide_delete(
-        None, phase=phase, checkpoint_ref="ckpt-paused", op_state=None, drain_started=None,
-        now=NOW,
-    )  # fmt: skip
-    assert action is DeleteAction.RELEASE
+ADOPTED_STATES = [OperationState.PENDING, OperationState.DRAINING, OperationState.DRAINED]
 
 
-ADOPTED_PAUSE_STATES = [
-    OperationState.PENDING, OperationState.DRAINING, OperationState.DRAINED,
-    OperationState.RECORDED, OperationState.FORCED,
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("phase", [None, *Phase], ids=lambda p: str(p or "no-phase"))
 @pytest.mark.parametrize("kind", [None, *OperationKind], ids=lambda k: str(k or "no-op"))
 @pytest.mark.parametrize("state", [None, *OperationState], ids=lambda s: str(s or "none"))
 def test_a_deletion_during_a_pause_or_completion_drain_takes_that_drain_over(
-    phase: Phase | None, kind: OperationKind | None, state: OperationState | None
+    kind: OperationKind | None, state: OperationState | None
 ) -> None:
-    # Only a Draining task whose last operation is a pause or a completion that has not
-    # failed: any other deletion drains for itself (a failed one drained nothing).
-    expected = (
-        phase is Phase.DRAINING
-        and kind in (OperationKind.PAUSE, OperationKind.COMPLETE)
-        and state in ADOPTED_PAUSE_STATES
-    )
-    assert adopts_pause_drain(phase, kind, state) is expected
+    # Only a pause or a completion the ledger shows on its way: any other deletion drains
+    # for itself (a failed one drained nothing; a checkpointed one is kept, above).
+    expected = kind in (OperationKind.PAUSE, OperationKind.COMPLETE) and state in ADOPTED_STATES
+    assert adopts_drain(DeletionObserved(kind, state, ran=True)) is expected
 
 
 # ------------------------------------------------------------------------ idle pause
@@ -1052,40 +1040,24 @@ def test_a_restore_created_suspended_holds_too() -> None:
 
 
 @pytest.mark.parametrize(
-    ("on_delete", "state", "ref", "expected"),
+    ("on_delete", "state", "expected"),
     [
-        pytest.param("checkpoint", None, None, DeleteAction.RELEASE, id="never-started"),
-        pytest.param("checkpoint", None, "ck-1", DeleteAction.RELEASE,
-                     id="never-started-whatever-the-ref"),
-        pytest.param("delete", None, None, DeleteAction.RELEASE, id="on-delete-delete"),
-        pytest.param("checkpoint", OperationState.DRAINING, None, DeleteAction.WAIT,
+        pytest.param("checkpoint", None, DeleteAction.NOTHING_TO_DRAIN, id="never-started"),
+        pytest.param("delete", None, DeleteAction.RELEASE, id="on-delete-delete"),
+        pytest.param("checkpoint", OperationState.DRAINING, DeleteAction.WAIT,
                      id="a-drain-begun-is-followed"),
-        pytest.param("checkpoint", OperationState.RECORDED, None, DeleteAction.RECORDED,
+        pytest.param("checkpoint", OperationState.RECORDED, DeleteAction.RECORDED,
                      id="a-drain-recorded-is-kept"),
     ],
 )  # fmt: skip
 def test_deleting_a_task_created_suspended_releases_at_once(
-    on_delete: str, state: OperationState | None, ref: str | None, expected: DeleteAction
+    on_delete: str, state: OperationState | None, expected: DeleteAction
 ) -> None:
+    # Created suspended, nothing ran: whatever its status says (a ref written by hand).
     task = spec(onDelete=on_delete, suspend=True)
     action = decide_delete(
-        task, phase=Phase.SUSPENDED, checkpoint_ref=ref, op_state=state,
-        drain_started=NOW - timedelta(seconds=10), now=NOW, paused_by=CREATED_SUSPENDED,
-    )  # fmt: skip
-    assert action is expected
-
-
-@pytest.mark.parametrize(
-    ("paused_by", "expected"),
-    [(None, DeleteAction.START_DRAIN), ("manual", DeleteAction.START_DRAIN),
-     ("idle", DeleteAction.START_DRAIN)],
-)  # fmt: skip
-def test_a_suspended_task_that_ran_without_a_checkpoint_is_still_drained(
-    paused_by: str | None, expected: DeleteAction
-) -> None:
-    action = decide_delete(
-        spec(), phase=Phase.SUSPENDED, checkpoint_ref=None, op_state=None, drain_started=None,
-        now=NOW, paused_by=paused_by,
+        task, observed=NEVER_RAN, op_state=state, drain_started=NOW - timedelta(seconds=10),
+        now=NOW,
     )  # fmt: skip
     assert action is expected
 
@@ -1474,23 +1446,25 @@ def test_kubectl_never_pauses_or_resumes_a_completed_task(
 
 
 @pytest.mark.parametrize(
-    ("on_delete", "ref", "state", "expected"),
+    ("on_delete", "observed", "state", "expected"),
     [
-        pytest.param("checkpoint", "ck-done", None, DeleteAction.KEEP_COMPLETED_CHECKPOINT,
+        pytest.param("checkpoint", COMPLETED, None, DeleteAction.KEEP_COMPLETED_CHECKPOINT,
                      id="the-completed-checkpoint-is-kept-no-second-drain"),
-        pytest.param("delete", "ck-done", None, DeleteAction.RELEASE,
+        pytest.param("delete", COMPLETED, None, DeleteAction.RELEASE,
                      id="on-delete-delete-releases"),
-        pytest.param("checkpoint", None, None, DeleteAction.START_DRAIN,
+        pytest.param("checkpoint", DeletionObserved(OperationKind.COMPLETE,
+                     OperationState.RECORDED, None, ran=True), None, DeleteAction.START_DRAIN,
                      id="no-ref-drains-as-any-other"),
-        pytest.param("checkpoint", "ck-done", OperationState.RECORDED, DeleteAction.RECORDED,
+        pytest.param("checkpoint", COMPLETED, OperationState.RECORDED, DeleteAction.RECORDED,
                      id="a-drain-begun-is-followed"),
     ],
 )  # fmt: skip
 def test_deleting_a_completed_task_keeps_its_checkpoint_and_releases_at_once(
-    on_delete: str, ref: str | None, state: OperationState | None, expected: DeleteAction
-) -> None:
+    on_delete: str, observed: DeletionObserved, state: OperationState | None,
+    expected: DeleteAction,
+) -> None:  # fmt: skip
     action = decide_delete(
-        spec(onDelete=on_delete), phase=Phase.COMPLETED, checkpoint_ref=ref, op_state=state,
+        spec(onDelete=on_delete), observed=observed, op_state=state,
         drain_started=NOW - timedelta(seconds=1), now=NOW,
     )  # fmt: skip
     assert action is expected

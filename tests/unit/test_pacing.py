@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger import Ledger, OperationKind, OperationState, upgrade
-from orchestrator.operator.events import Feed, Stewards, read_once
+from orchestrator.operator.events import Feed, WorkQueue, read_once
 from orchestrator.operator.lifecycle import HEARTBEATS_MISSED_BEFORE_SILENT, idle_secs
 from orchestrator.operator.lifecycle import IdleReport as Idle
 from orchestrator.operator.pacing import (
     DUE_SLACK_SECS,
-    Beat,
-    Rest,
+    Heartbeat,
+    Requeue,
     RunningWatch,
+    failure_backoff,
     idle_due,
-    next_look,
+    requeue_after,
     streak_resets_at,
 )
 
@@ -29,19 +30,19 @@ SIG = ("uid", 2, 2, 0, 0, True, None)
 FOLLOW, RESYNC, INTERVAL, BRIDGE = 2.0, 300.0, 15.0, 16.0
 
 
-def look(rest: Rest | None, beat: Beat | None, now: datetime = NOW) -> float:
-    return next_look(now, rest, beat, follow_up_secs=FOLLOW, resync_secs=RESYNC,
+def look(rest: Requeue | None, beat: Heartbeat | None, now: datetime = NOW) -> float:
+    return requeue_after(now, rest, beat, follow_up_secs=FOLLOW, resync_secs=RESYNC,
                      heartbeat_interval_secs=INTERVAL, bridge_secs=BRIDGE)  # fmt: skip
 
 
 def beat(
     ago: float = 0.0, idle_for: float | None = None, signature: tuple[object, ...] = SIG
-) -> Beat:
-    return Beat(NOW - timedelta(seconds=ago), idle_for, signature)
+) -> Heartbeat:
+    return Heartbeat(NOW - timedelta(seconds=ago), idle_for, signature)
 
 
-def running(idle_timeout: float | None = None, streak_at: datetime | None = None) -> Rest:
-    return Rest(RunningWatch(SIG, idle_timeout, streak_at))
+def running(idle_timeout: float | None = None, streak_at: datetime | None = None) -> Requeue:
+    return Requeue(RunningWatch(SIG, idle_timeout, streak_at))
 
 
 SILENCE = HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL
@@ -54,8 +55,8 @@ SILENCE = HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL
         (None, beat(), FOLLOW),
         (None, None, FOLLOW),
         # Quiet (Suspended, Completed, Failed): only events, and the resync.
-        (Rest(), beat(), RESYNC),
-        (Rest(), None, RESYNC),
+        (Requeue(), beat(), RESYNC),
+        (Requeue(), None, RESYNC),
         # Running at rest: the silence deadline of the newest heartbeat.
         (running(), beat(0), SILENCE + DUE_SLACK_SECS),
         (running(), beat(10), SILENCE - 10 + DUE_SLACK_SECS),
@@ -72,12 +73,12 @@ SILENCE = HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL
         (running(idle_timeout=30), beat(0, idle_for=None), SILENCE + DUE_SLACK_SECS),
         # A heartbeat from before the phase began (a resume) sets no idle deadline.
         (
-            Rest(RunningWatch(SIG, 30, None, fresh_since=NOW)),
+            Requeue(RunningWatch(SIG, 30, None, fresh_since=NOW)),
             beat(1, idle_for=29),
             SILENCE - 1 + DUE_SLACK_SECS,
         ),
         (
-            Rest(RunningWatch(SIG, 30, None, fresh_since=NOW - timedelta(seconds=2))),
+            Requeue(RunningWatch(SIG, 30, None, fresh_since=NOW - timedelta(seconds=2))),
             beat(1, idle_for=29),
             DUE_SLACK_SECS,
         ),
@@ -85,13 +86,13 @@ SILENCE = HEARTBEATS_MISSED_BEFORE_SILENT * INTERVAL
         (running(streak_at=NOW + timedelta(seconds=7)), beat(0), 7 + DUE_SLACK_SECS),
     ],
 )
-def test_next_look(rest: Rest | None, heartbeat: Beat | None, expected: float) -> None:
+def test_requeue_after(rest: Requeue | None, heartbeat: Heartbeat | None, expected: float) -> None:
     assert look(rest, heartbeat) == pytest.approx(expected)
 
 
 def test_a_long_idle_timeout_or_silence_never_waits_past_the_resync() -> None:
     assert look(running(), beat(0)) <= RESYNC
-    long_silence = next_look(NOW, running(), beat(0), follow_up_secs=FOLLOW, resync_secs=10,
+    long_silence = requeue_after(NOW, running(), beat(0), follow_up_secs=FOLLOW, resync_secs=10,
                              heartbeat_interval_secs=INTERVAL, bridge_secs=BRIDGE)  # fmt: skip
     assert long_silence == 10
 
@@ -141,7 +142,7 @@ def heartbeat(ledger: Ledger, name: str, seq: int, *, live: int = 1) -> None:
 
 def test_the_feed_wakes_only_the_stewards_of_what_changed(ledger: Ledger) -> None:
     async def scenario() -> None:
-        stewards = Stewards()
+        stewards = WorkQueue()
         a, b = stewards.open(("default", "a")), stewards.open(("default", "b"))
         place = Feed.starting(datetime.now(UTC))
         assert await read_once(ledger, stewards, place) == 0
@@ -149,7 +150,7 @@ def test_the_feed_wakes_only_the_stewards_of_what_changed(ledger: Ledger) -> Non
 
         heartbeat(ledger, "a", 1)
         await read_once(ledger, stewards, place)
-        assert a.wake.is_set() and a.beat is not None and not a.look  # deadlines, no pass
+        assert a.wake.is_set() and a.beat is not None and not a.cause  # deadlines, no pass
         assert not b.wake.is_set() and b.beat is None
         a.wake.clear()
         await read_once(ledger, stewards, place)  # the same row, read again in the overlap
@@ -160,18 +161,50 @@ def test_the_feed_wakes_only_the_stewards_of_what_changed(ledger: Ledger) -> Non
             idempotency_key="pause:b:1",
         )  # fmt: skip
         await read_once(ledger, stewards, place)
-        assert b.look == "ledger" and b.wake.is_set()
-        b.look = None
+        assert b.cause == "ledger" and b.wake.is_set()
+        b.cause = None
         b.wake.clear()
         await read_once(ledger, stewards, place)
-        assert not b.look  # seen already
+        assert not b.cause  # seen already
         ledger.transition(op.id, OperationState.FAILED, error="no daemon")
         await read_once(ledger, stewards, place)
-        assert b.look == "ledger"  # it moved again
-        assert not a.look
+        assert b.cause == "ledger"  # it moved again
+        assert not a.cause
 
         stewards.close(("default", "a"))
         heartbeat(ledger, "a", 2)
         await read_once(ledger, stewards, place)  # nobody looks after it: nothing to wake
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("failures", "secs"),
+    [(0, 0.0), (1, 1.0), (2, 2.0), (3, 4.0), (9, 256.0), (10, 300.0), (11, 300.0),
+     (1000, 300.0)],
+)  # fmt: skip
+def test_a_failing_pass_backs_off_from_a_second_doubling_to_five_minutes(
+    failures: int, secs: float
+) -> None:
+    assert failure_backoff(failures) == secs
+
+
+@pytest.mark.parametrize(
+    ("awaiting", "newest", "expected"),
+    [
+        (None, None, RESYNC),  # no heartbeat yet, none come: only the resync
+        (None, beat(ago=1), 0.0),  # the first heartbeat: now
+        (beat(ago=5), beat(ago=5), RESYNC),  # the one the pass read: nothing new
+        (beat(ago=5), beat(ago=1), 0.0),  # a newer one: now
+    ],
+    ids=["none-yet", "the-first", "the-one-read", "a-newer-one"],
+)
+def test_a_task_waiting_for_its_daemon_is_looked_at_on_a_heartbeat_never_polled(
+    awaiting: Heartbeat | None, newest: Heartbeat | None, expected: float
+) -> None:
+    waiting = Requeue(awaiting=awaiting, waiting=True)
+    secs = requeue_after(
+        NOW, waiting, newest, follow_up_secs=FOLLOW, resync_secs=RESYNC,
+        heartbeat_interval_secs=INTERVAL, bridge_secs=BRIDGE,
+    )  # fmt: skip
+    assert secs == expected

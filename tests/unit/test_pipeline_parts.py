@@ -20,10 +20,10 @@ def record(
     updated: float,
     exit: int | None = None,
 ) -> AgentRecord:
-    return AgentRecord(
+    return AgentRecord.model_validate(dict(  # name, started_at, endpoint derived
         id=agent_id, status=status, spec=SpawnSpec(), session_dir=f"/s/{agent_id}",
         created_at=0.0, updated_at=updated, idle_since=idle_since, exit=exit,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def test_queue_names_are_per_namespace_and_name() -> None:

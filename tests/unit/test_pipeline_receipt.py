@@ -243,8 +243,9 @@ def test_a_heartbeat_is_timed_by_its_idle_duration_and_arrival_whatever_the_daem
     now = time.time()
     wall, monotonic = FakeClock(now + skew), FakeClock(1000.0)
     sender = Heartbeat(CONFIG, wall=wall, monotonic=monotonic)
-    idle = [AgentRecord(id="a", status=AgentStatus.IDLE, spec=SpawnSpec(), session_dir="/s/a",
-                        created_at=0.0, updated_at=wall.now, idle_since=wall.now)]  # fmt: skip
+    idle = [AgentRecord.model_validate(dict(
+        id="a", status=AgentStatus.IDLE, spec=SpawnSpec(), session_dir="/s/a", created_at=0.0,
+        updated_at=wall.now, idle_since=wall.now))]  # fmt: skip
     assert sender.report(idle) is not None  # the period begins
     monotonic.now += 595
     due = sender.report(idle)

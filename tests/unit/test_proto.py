@@ -1,6 +1,7 @@
 """The wire shapes of the control protocol, pinned: a caliban client reads these keys.
 
-Changing a key here is a protocol change; these tests make it a deliberate one.
+Changing a key here is a protocol change; these tests make it a deliberate one. That
+upstream's own types read them is proved against its vectors (test_caliban_wire.py).
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ def wire(message: BaseModel) -> dict[str, Any]:
     return decoded
 
 
+SOCK = proto.UnixEndpoint(path="/s/a1/agent.sock")
+SOCK_WIRE = {"scheme": "unix", "path": "/s/a1/agent.sock"}
+
+
 def record() -> AgentRecord:
     return AgentRecord(
         id="agent-0123456789ab",
+        name="agent-agent-0123456789ab",
         status=AgentStatus.RUNNING,
+        started_at="1970-01-01T00:00:01.500000+00:00",
         spec=SpawnSpec(model="turns=2,turn_ms=5", env={"A": "1"}),
         session_dir="/store/agents/agent-0123456789ab",
+        endpoint=proto.UnixEndpoint(path="/store/agents/agent-0123456789ab/agent.sock"),
+        working_dir="/store/agents/agent-0123456789ab",
         created_at=1.5,
         updated_at=2.5,
         turns=1,
@@ -91,33 +100,49 @@ def test_error_reply_shape() -> None:
     reply = ProtocolError(ErrorKind.NOT_FOUND, "no agent 'x'", "x").reply()
     assert wire(reply) == {
         "kind": "error",
-        "error": {"kind": "not_found", "message": "no agent 'x'", "id": "x"},
-    }
+        "error": {"kind": "not_found", "message": "no agent 'x'", "id": "x", "op": None,
+                  "status": None},
+    }  # fmt: skip
+    # A malformed request is answered as caliband answers one: internal, "bad request: …".
     anonymous = ProtocolError(ErrorKind.BAD_REQUEST, "request is not valid JSON").reply()
-    assert wire(anonymous)["error"] == {
-        "kind": "bad_request",
-        "message": "request is not valid JSON",
-        "id": None,
-    }
+    assert wire(anonymous)["error"]["kind"] == "internal"
+    assert wire(anonymous)["error"]["message"] == "bad request: request is not valid JSON"
 
 
-def test_error_kinds_are_the_documented_five() -> None:
-    assert {k.value for k in ErrorKind} == {
-        "not_found",
-        "invalid_state",
-        "bad_request",
-        "unauthorized",
-        "internal",
-    }
+def test_invalid_state_goes_on_the_wire_only_with_agent_op_and_status() -> None:
+    """Upstream's invalid_state requires op, id and status; a daemon-wide refusal has no
+    agent, so it is internal with the same message (and still reads as stopping)."""
+    named = ProtocolError(
+        ErrorKind.INVALID_STATE, "agent a1 is done", "a1", op="kill", status=AgentStatus.DONE
+    ).reply()
+    assert wire(named)["error"] == {
+        "kind": "invalid_state", "message": "agent a1 is done", "id": "a1", "op": "kill",
+        "status": "done",
+    }  # fmt: skip
+    stopping = ProtocolError(ErrorKind.INVALID_STATE, f"cannot spawn: {proto.DAEMON_STOPPING}")
+    body = stopping.reply().error
+    assert body.kind == "internal"
+    assert proto.says_daemon_stopping(body.kind, body.message)
+
+
+def test_error_kinds_on_the_wire_are_upstreams_three() -> None:
+    assert set(proto.WIRE_ERROR_KINDS) == {"not_found", "invalid_state", "internal"}
+    for kind in ErrorKind:
+        body = ProtocolError(kind, "m", "a1", op="kill", status=AgentStatus.DONE).reply().error
+        assert body.kind in proto.WIRE_ERROR_KINDS
 
 
 def test_agent_record_keys() -> None:
     doc = wire(record())
     assert set(doc) == {
         "id",
+        "name",
         "status",
+        "started_at",
         "spec",
         "session_dir",
+        "endpoint",
+        "working_dir",
         "created_at",
         "updated_at",
         "turns",
@@ -129,13 +154,24 @@ def test_agent_record_keys() -> None:
     assert doc["status"] == "running"
     assert doc["retired"] is False
     assert doc["spec"] == {
-        "name": None,
-        "initial_prompt": None,
-        "provider": "scripted",
+        "label": None,
+        "frontmatter_path": None,
+        "initial_prompt": "",
         "model": "turns=2,turn_ms=5",
+        "provider": None,
+        "tool_allowlist": None,
+        "isolation_worktree": False,
+        "inherit_hooks": True,
+        "interactive": False,
+        "inherited_hooks_config": None,
+        "source": None,
         "cwd": None,
         "env": {"A": "1"},
         "resume_session": None,
+    }
+    assert doc["endpoint"] == {
+        "scheme": "unix",
+        "path": "/store/agents/agent-0123456789ab/agent.sock",
     }
     # The record never carries a pid: a restarted daemon must not signal a stale one.
     assert "pid" not in json.dumps(doc)
@@ -145,14 +181,14 @@ def test_agent_record_keys() -> None:
 REPLIES: list[Any] = [
     pytest.param(proto.Listed(agents=[]), {"kind": "listed", "agents": []}, id="listed"),
     pytest.param(
-        proto.Spawned(id="a1", endpoint="unix:/s/a1/agent.sock"),
-        {"kind": "spawned", "id": "a1", "endpoint": "unix:/s/a1/agent.sock"},
+        proto.Spawned(id="a1", endpoint=SOCK),
+        {"kind": "spawned", "id": "a1", "endpoint": SOCK_WIRE},
         id="spawned",
     ),
     pytest.param(
-        proto.AttachAck(endpoint="unix:/s/a1/agent.sock"),
-        {"kind": "attach_ack", "endpoint": "unix:/s/a1/agent.sock"},
-        id="attach_ack",
+        proto.AttachAck(endpoint=proto.TcpEndpoint(addr="127.0.0.1:7101")),
+        {"kind": "attach_ack", "endpoint": {"scheme": "tcp", "addr": "127.0.0.1:7101"}},
+        id="attach_ack_tcp",
     ),
     pytest.param(
         proto.Killed(id="a1", exit=-15), {"kind": "killed", "id": "a1", "exit": -15}, id="killed"
@@ -160,14 +196,8 @@ REPLIES: list[Any] = [
     pytest.param(proto.Respawned(id="a1"), {"kind": "respawned", "id": "a1"}, id="respawned"),
     pytest.param(proto.Removed(id="a1"), {"kind": "removed", "id": "a1"}, id="removed"),
     pytest.param(
-        proto.StatusReply(pid=42, agents=3, uptime_secs=1.25, endpoint="unix:/run/c.sock"),
-        {
-            "kind": "status",
-            "pid": 42,
-            "agents": 3,
-            "uptime_secs": 1.25,
-            "endpoint": "unix:/run/c.sock",
-        },
+        proto.StatusReply(pid=42, agents=3, uptime_secs=125, endpoint=SOCK),
+        {"kind": "status", "pid": 42, "agents": 3, "uptime_secs": 125, "endpoint": SOCK_WIRE},
         id="status",
     ),
     pytest.param(proto.ShutdownAck(), {"kind": "shutdown_ack"}, id="shutdown_ack"),
@@ -175,8 +205,8 @@ REPLIES: list[Any] = [
     pytest.param(proto.Drained(agents=[]), {"kind": "drained", "agents": []}, id="drained_empty"),
     pytest.param(proto.Retired(agents=[]), {"kind": "retired", "agents": []}, id="retired_none"),
     pytest.param(
-        proto.Resumed(id="a1", endpoint="unix:/s/a1/agent.sock"),
-        {"kind": "resumed", "id": "a1", "endpoint": "unix:/s/a1/agent.sock"},
+        proto.Resumed(id="a1", endpoint=SOCK),
+        {"kind": "resumed", "id": "a1", "endpoint": SOCK_WIRE},
         id="resumed",
     ),
 ]
@@ -212,15 +242,17 @@ REQUESTS: list[Any] = [
         proto.ReportStatusRequest,
         id="report_status",
     ),
-    pytest.param({"kind": "drain", "grace_secs": 2.5}, proto.DrainRequest, id="drain"),
     pytest.param(
-        {"kind": "retire", "keep": 1, "grace_secs": 2.5}, proto.RetireRequest, id="retire"
+        {"kind": "drain", "grace": {"secs": 2, "nanos": 500_000_000}},
+        proto.DrainRequest,
+        id="drain",
     ),
     pytest.param(
-        {"kind": "resume", "session_dir": "agents/a1", "token": "t" * 16},
-        proto.ResumeRequest,
-        id="resume_with_token",
+        {"kind": "retire", "keep": 1, "grace": {"secs": 2, "nanos": 0}},
+        proto.RetireRequest,
+        id="retire",
     ),
+    pytest.param({"kind": "resume", "session_dir": "agents/a1"}, proto.ResumeRequest, id="resume"),
 ]
 
 
@@ -233,8 +265,9 @@ def test_a_manifest_written_before_retirement_existed_reads_as_not_retired() -> 
 @pytest.mark.parametrize(
     "request_",
     [{"kind": "retire", "keep": -1}, {"kind": "retire"}, {"kind": "retire", "keep": "1"},
-     {"kind": "retire", "keep": 1, "grace_secs": -1}],
-    ids=["negative", "missing", "string", "negative-grace"],
+     {"kind": "retire", "keep": 1, "grace": {"secs": -1, "nanos": 0}},
+     {"kind": "retire", "keep": 1, "grace_secs": 5}],
+    ids=["negative", "missing", "string", "negative-grace", "grace-secs-replaced"],
 )  # fmt: skip
 def test_a_malformed_retire_is_a_bad_request_in_one_line(request_: dict[str, Any]) -> None:
     with pytest.raises(proto.ProtocolError) as refused:
@@ -260,11 +293,26 @@ def test_request_round_trip(doc: dict[str, Any], model: type[BaseModel]) -> None
 def test_request_defaults() -> None:
     drain = proto.parse_request(b'{"kind": "drain"}')
     assert isinstance(drain, proto.DrainRequest)
-    assert drain.grace_secs == 30.0
+    assert drain.grace.seconds == 30.0
     rm = proto.parse_request(b'{"kind": "rm", "id": "a1"}')
     assert isinstance(rm, proto.RmRequest)
     assert rm.force is False
-    assert rm.token is None
+
+
+@pytest.mark.parametrize(
+    ("grace", "why"),
+    [({"secs": 3601, "nanos": 0}, "less than or equal to 3600"),
+     ({"secs": 3600, "nanos": 1}, "at most 3600 seconds"),
+     ({"secs": 1, "nanos": 1_000_000_000}, "less than 1000000000"),
+     ({"secs": 1.5, "nanos": 0}, "valid integer"), (5, "valid dictionary")],
+    ids=["over-max", "over-max-by-a-nano", "nanos-overflow", "float-secs", "bare-number"],
+)  # fmt: skip
+def test_a_bad_grace_is_refused_in_one_line(grace: object, why: str) -> None:
+    """Tried: graces a serde Duration would not be, or past the daemon's maximum."""
+    with pytest.raises(ProtocolError) as refused:
+        proto.parse_request(json.dumps({"kind": "drain", "grace": grace}))
+    assert refused.value.kind is ErrorKind.BAD_REQUEST
+    assert why in refused.value.message and "\n" not in refused.value.message
 
 
 def test_spawn_spec_ignores_unknown_fields() -> None:
@@ -273,7 +321,7 @@ def test_spawn_spec_ignores_unknown_fields() -> None:
     )
     assert spec == SpawnSpec(provider="scripted", model="turns=1")
     assert "sandbox" not in spec.model_dump()
-    # ...also inside a spawn request, whose own fields stay strict.
+    # ...also inside a spawn request.
     request = proto.parse_request(
         json.dumps({"kind": "spawn", "spec": {"model": "turns=1", "future_field": True}})
     )
@@ -286,7 +334,9 @@ def test_spawn_spec_ignores_unknown_fields() -> None:
     [
         pytest.param({"provider": 1}, "provider", id="provider_int"),
         pytest.param({"model": ["turns=1"]}, "model", id="model_list"),
-        pytest.param({"name": 3.5}, "name", id="name_float"),
+        pytest.param({"label": 3.5}, "label", id="label_float"),
+        pytest.param({"tool_allowlist": "Bash"}, "tool_allowlist", id="allowlist_string"),
+        pytest.param({"inherit_hooks": "yes"}, "inherit_hooks", id="inherit_hooks_string"),
         pytest.param({"initial_prompt": False}, "initial_prompt", id="initial_prompt_bool"),
         pytest.param({"cwd": {"path": "/"}}, "cwd", id="cwd_object"),
         pytest.param({"env": {"A": 1}}, "env.A", id="env_value_int"),
@@ -307,9 +357,11 @@ def test_spawn_spec_rejects_mistyped_known_fields(spec: dict[str, Any], field: s
 @pytest.mark.parametrize(
     "line",
     [
-        pytest.param(b'{"kind": "list", "extra": 1}', id="unknown_request_field"),
         pytest.param(b'{"kind": "kill", "id": 5}', id="mistyped_request_field"),
-        pytest.param(b'{"kind": "drain", "grace_secs": "5"}', id="numeric_string_not_coerced"),
+        pytest.param(
+            b'{"kind": "drain", "grace": {"secs": "5", "nanos": 0}}',
+            id="numeric_string_not_coerced",
+        ),
         pytest.param(b'{"kind": "rm", "id": "a", "force": 1}', id="int_not_coerced_to_bool"),
     ],
 )
@@ -318,3 +370,46 @@ def test_requests_are_strict(line: bytes) -> None:
         proto.parse_request(line)
     assert refused.value.kind is ErrorKind.BAD_REQUEST
     assert refused.value.message.startswith("bad ")
+
+
+def test_unknown_request_fields_are_ignored_as_serde_does() -> None:
+    """Upstream's types ignore fields they do not know; so does the daemon, so a newer
+    caliban client's request is served."""
+    request = proto.parse_request(b'{"kind": "list", "extra": 1}')
+    assert isinstance(request, proto.ListRequest)
+
+
+def test_a_manifest_of_an_earlier_release_gets_upstreams_fields_derived() -> None:
+    old = {"id": "a1", "status": "drained", "spec": {"provider": "scripted", "name": "x"},
+           "session_dir": "/store/agents/a1", "created_at": 0.0, "updated_at": 1.0}  # fmt: skip
+    loaded = AgentRecord.model_validate_json(json.dumps(old))
+    assert loaded.name == "agent-a1"
+    assert loaded.started_at == "1970-01-01T00:00:00+00:00"
+    assert loaded.endpoint == proto.UnixEndpoint(path="/store/agents/a1/agent.sock")
+    assert loaded.working_dir == "/store/agents/a1"
+
+
+def test_a_caliband_record_gets_our_times_from_started_at() -> None:
+    upstream = {"id": "a1", "name": "n", "status": "running",
+                "started_at": "2026-12-06T17:32:58.123456789+00:00", "session_dir": "/s/a1",
+                "endpoint": SOCK_WIRE, "spec": {"initial_prompt": "hi"}}  # fmt: skip
+    loaded = AgentRecord.model_validate_json(json.dumps(upstream))
+    assert loaded.created_at == pytest.approx(1796578378.123456)
+    assert loaded.updated_at == loaded.created_at
+    assert loaded.working_dir == ""
+
+
+def test_upstream_errors_without_a_message_get_upstreams_display_text() -> None:
+    not_found = proto.parse_reply('{"kind":"error","error":{"kind":"not_found","id":"a9"}}')
+    assert isinstance(not_found, proto.ErrorReply)
+    assert not_found.error.message == "agent not found: a9"
+    invalid = proto.parse_reply(
+        '{"kind":"error","error":{"kind":"invalid_state","op":"kill","id":"a9","status":"idle"}}'
+    )
+    assert isinstance(invalid, proto.ErrorReply)
+    assert invalid.error.message == "invalid state for kill: agent a9 is Idle"
+
+
+def test_duration_of_seconds_round_trips() -> None:
+    assert proto.Duration.of(2.5) == proto.Duration(secs=2, nanos=500_000_000)
+    assert proto.Duration.of(30).seconds == 30.0

@@ -19,10 +19,10 @@ def registry_with_one_agent(root: Path) -> tuple[Registry, Store, AgentRecord]:
     store.prepare()
     agent_id = store.new_agent_id()
     store.agent_dir(agent_id).mkdir()
-    record = AgentRecord(
+    record = AgentRecord.model_validate(dict(  # name, started_at, endpoint derived
         id=agent_id, status=AgentStatus.RUNNING, spec=SpawnSpec(),
         session_dir=str(store.agent_dir(agent_id)), created_at=1.0, updated_at=1.0,
-    )  # fmt: skip
+    ))  # fmt: skip
     registry = Registry(store)
     registry.add(record)
     return registry, store, record

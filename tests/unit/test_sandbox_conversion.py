@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import kopf
 import pytest
 import yaml
 
@@ -16,9 +15,7 @@ from orchestrator.devcluster import schema
 from orchestrator.devcluster.conversion import sandbox_converted
 from orchestrator.devcluster.resources import CrdError, served_from_crd
 from orchestrator.devcluster.up import stack_crds
-from orchestrator.ledger import Ledger
-from orchestrator.operator import crd
-from orchestrator.operator.handlers import Reconciler
+from orchestrator.operator import children, crd
 from orchestrator.operator.lifecycle import parse_spec
 from orchestrator.operator.workspace import resolve
 from orchestrator.settings import Settings
@@ -185,7 +182,7 @@ def test_a_sandbox_outside_the_crds_enum_or_bounds_is_refused_naming_the_field(
 def operators_sandbox() -> dict[str, Any]:
     """The Sandbox the operator writes for a task bound to a Workspace (an init container,
     the provider's key by secretKeyRef, probes, volumes) with a user pod template merged
-    under it (security context, resources, tolerations, a volume of its own)."""
+    under it (resources, tolerations, a node selector and affinity)."""
     workspace: dict[str, Any] = {
         "apiVersion": crd.API_VERSION, "kind": crd.WORKSPACE_KIND, "metadata": {"name": "ws"},
         "spec": {
@@ -198,20 +195,15 @@ def operators_sandbox() -> dict[str, Any]:
     template = {
         "metadata": {"labels": {"team": "a"}, "annotations": {"note": "mine"}},
         "spec": {
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
             "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
             "nodeSelector": {"pool": "agents"},
-            "priorityClassName": "agents",
-            "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}}],
+            "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a"]}]}}]}},
             "containers": [{
                 "name": "caliband",
                 "resources": {"limits": {"memory": "2Gi", "cpu": 2},
                               "requests": {"cpu": "500m"}},
-                "securityContext": {"allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]},
-                                    "readOnlyRootFilesystem": True},
-                "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
             }],
         },
     }  # fmt: skip
@@ -219,15 +211,12 @@ def operators_sandbox() -> dict[str, Any]:
         "apiVersion": crd.API_VERSION, "kind": crd.KIND,
         "metadata": {"name": "demo", "namespace": "team-a", "uid": "6f1c2f5e"},
         "spec": {"workspaceRef": {"name": "ws"}, "providerRef": "gateway",
-                 "sandbox": {"podTemplate": template}},
+                 "task": {"prompt": "refactor"}, "sandbox": {"podTemplate": template}},
     }  # fmt: skip
-    reconciler = Reconciler(
-        kopf.Body(cast(kopf.RawBody, task)), kopf.Patch(), cast(Ledger, None),
-        Settings(broker_url="redis://127.0.0.1:6379/0"),
-    )  # fmt: skip
+    pod = children.PodSettings.of(Settings(broker_url="redis://127.0.0.1:6379/0"))
     spec = parse_spec(copy.deepcopy(task["spec"])).with_sandbox_api_version(crd.SANDBOX_V1BETA1)
     bound = spec.with_binding(resolve(workspace, "ws", "gateway", ""))
-    return reconciler.sandbox_body(bound, "ws-demo")
+    return children.sandbox(children.TaskRef("team-a", "demo", "6f1c2f5e"), bound, "ws-demo", pod)
 
 
 @pytest.mark.parametrize("version", ["v1beta1", "v1alpha1"])

@@ -20,6 +20,7 @@ from worker_agent.session import (
     decode_session,
     load_session,
     save_session,
+    text_message,
 )
 
 
@@ -29,9 +30,10 @@ def test_save_then_load_round_trips_and_hashes_the_bytes(tmp_path: Path) -> None
     raw = layout.session_file(tmp_path).read_bytes()
     assert sha == hashlib.sha256(raw).hexdigest()
     loaded = load_session(tmp_path)
-    assert (loaded.agent_id, loaded.turns, loaded.messages, loaded.extra) == (
-        "a1", 2, session.messages, {"model": "m"},
+    assert (loaded.agent_id, loaded.turns, loaded.messages, loaded.origin) == (
+        "a1", 2, [text_message("user", "hi")], "caliban-drain",
     )  # fmt: skip
+    assert (loaded.extra["model"], loaded.extra["name"]) == ("m", "a1")
     assert loaded.sha256 == sha
 
 
@@ -73,7 +75,7 @@ def test_missing_session_file_says_no_turn_was_saved(tmp_path: Path) -> None:
         load_session(tmp_path)
 
 
-def test_transcript_count_skips_a_torn_last_line(tmp_path: Path) -> None:
+def test_transcript_count_of_an_earlier_build_skips_a_torn_last_line(tmp_path: Path) -> None:
     lines = [json.dumps({"type": "turn_complete", "turn": i}) for i in (1, 2)]
     layout.transcript_file(tmp_path).write_text("\n".join(lines) + '\n{"type": "turn_comp')
     assert count_completed_turns(tmp_path) == 2

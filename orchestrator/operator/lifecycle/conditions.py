@@ -1,0 +1,87 @@
+"""Status conditions as metav1.Condition (``condition``, ``merge_conditions``), the
+status patch of what changed (``status_patch``), and the timestamps status holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NotRequired
+
+from typing_extensions import TypedDict
+
+from orchestrator.operator.crd import Manifest
+
+
+class Condition(TypedDict):
+    """A ``metav1.Condition`` as the status holds it (another writer's may lack the
+    optional fields)."""
+
+    type: str
+    status: str
+    reason: NotRequired[str]
+    message: NotRequired[str]
+    lastTransitionTime: NotRequired[str | None]
+    observedGeneration: NotRequired[int | None]
+
+
+def parse_time(value: object) -> datetime | None:
+    """A timestamp as the status and metadata write it (``2026-12-03T12:00:00Z``), or
+    None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """A condition to set: ``type`` to ``status`` for ``reason``, explained by ``message``;
+    ``status`` None is ``Unknown``."""
+
+    type: str
+    status: bool | None
+    reason: str
+    message: str
+
+
+def condition(
+    type_: str,
+    status: bool | None,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> Condition:
+    """A ``metav1.Condition``; ``status`` None is ``Unknown``."""
+    return {
+        "type": type_,
+        "status": "Unknown" if status is None else "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedGeneration": generation,
+    }
+
+
+def merge_conditions(existing: list[Condition], new: Condition) -> list[Condition]:
+    """Replace the condition of the same type; keep lastTransitionTime if status held."""
+    out = []
+    replaced = False
+    for cond in existing:
+        if cond.get("type") == new["type"]:
+            replaced = True
+            if cond.get("status") == new["status"]:
+                new = {**new, "lastTransitionTime": cond.get("lastTransitionTime")}
+            out.append(new)
+        else:
+            out.append(cond)
+    if not replaced:
+        out.append(new)
+    return out
+
+
+def status_patch(current: Manifest, desired: Manifest) -> Manifest:
+    """Only the status fields that differ (no-op churn avoidance)."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}

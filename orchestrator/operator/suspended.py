@@ -1,0 +1,185 @@
+"""Pausing and paused: a pause's drain → record → snapshot cut → Sandbox suspend, and a
+suspended task's answer to ``spec.lifecycle.suspend`` and the wake annotation (resume,
+start a task created suspended, or hold a wake the spec overrides).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from orchestrator.ledger import (
+    CheckpointReason,
+    OperationKind,
+    OperationState,
+    OperationView,
+)
+from orchestrator.ledger.models import CHECKPOINTED_STATES
+from orchestrator.operator import kube, provisioning, snapshots
+from orchestrator.operator.lifecycle import (
+    Phase,
+    Purpose,
+    TaskSpec,
+    Wanted,
+    operation_key,
+    sandbox_suspension_patch,
+    wanted_transition,
+)
+from orchestrator.operator.pacing import Requeue
+from orchestrator.operator.taskpass import (
+    TaskPass,
+    ledger_call,
+)
+from orchestrator.pipeline import start as pipeline
+from orchestrator.pipeline.start import DrainStart
+
+log = logging.getLogger(__name__)
+
+
+async def start_pause(p: TaskPass, spec: TaskSpec, paused_by: str) -> None:
+    count = int(p.status.pauses or 0) + 1
+    await begin_drain(
+        p,
+        spec,
+        OperationKind.PAUSE,
+        CheckpointReason.PAUSE,
+        operation_key(p.uid, Purpose.PAUSE, count),
+    )
+    p.set_status(pauses=count, paused_by=paused_by)
+    why = "every agent idle" if paused_by == "idle" else "spec.lifecycle.suspend is true"
+    p.set_phase(Phase.DRAINING, f"pausing: {why}; draining agents")
+
+
+async def begin_drain(
+    p: TaskPass, spec: TaskSpec, kind: OperationKind, reason: CheckpointReason, key: str
+) -> None:
+    """Begin the drain → record chain of a pause or a completion under ``key``; the
+    phase is the caller's to set."""
+    op = await p.ctx.drains.begin(
+        DrainStart(
+            p.namespace,
+            p.name,
+            task_uid=p.uid,
+            grace_secs=spec.drain_grace_secs,
+            kind=kind,
+            reason=reason,
+            pvc_name=p.pvc_name,
+            idempotency_key=key,
+        )
+    )
+    p.record_operation(op)
+
+
+async def suspend_checkpointed(p: TaskPass, spec: TaskSpec, ref: str, doing: str) -> bool:
+    """Once checkpoint ``ref``'s snapshot is cut (its point in time fixed; it may go on
+    uploading), suspend the Sandbox (compute released, the workspace PVC kept) and write
+    ``ref`` to the task; False until then (phase Draining, ``doing`` says what for)."""
+    if not await snapshots.snapshot_cut(p, ref):
+        p.set_phase(
+            Phase.DRAINING, f"{doing}: agents drained; snapshotting the workspace for {ref}"
+        )
+        return False
+    if p.settings.manage_sandbox:
+        await kube.patch_sandbox(
+            spec.sandbox_version,
+            p.namespace,
+            p.sandbox_of(spec),
+            sandbox_suspension_patch(spec.sandbox_version, True),
+        )
+    p.set_status(checkpoint_ref=ref, idle_since=None)
+    p.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
+    return True
+
+
+async def finish_pause(p: TaskPass, spec: TaskSpec, op: OperationView) -> None:
+    """The pause's drain recorded: once its snapshot is cut, the Sandbox suspended and
+    the task Suspended; failed: back to Running, saying why."""
+    if op.state is OperationState.RECORDED and op.checkpoint_ref:
+        if not await suspend_checkpointed(p, spec, op.checkpoint_ref, "pausing"):
+            return
+        p.set_phase(Phase.SUSPENDED, f"suspended with checkpoint {op.checkpoint_ref}")
+    elif op.state is OperationState.FAILED:
+        message = f"pause abandoned, agents keep running: {op.error}"
+        kopf.warn(p.body, reason="PauseFailed", message=message)
+        p.set_condition("Checkpointed", False, "PauseFailed", message)
+        p.set_status(paused_by=None)
+        p.set_phase(Phase.RUNNING, message)
+
+
+def wake_held(p: TaskPass, wake: str | None) -> None:
+    """A wake on a task whose spec says ``suspend: true``: the spec wins, so the wake
+    is spent saying what would resume it; an idle pause is the spec's from here on."""
+    message = (
+        f"wake {wake!r} not applied: spec.lifecycle.suspend is true and holds the task "
+        "paused; set it to false (drainctl wake sets both) to resume"
+    )
+    kopf.warn(p.body, reason="WakeHeld", message=message)
+    if p.status.paused_by == "idle":
+        p.set_status(paused_by="manual")
+    p.set_status(last_wake=wake)
+    p.set_status(message=message)
+
+
+async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
+    wake = p.wake_value()
+    wanted = wanted_transition(spec, Phase.SUSPENDED, p.status.paused_by, wake, p.status.last_wake)
+    if wanted is Wanted.START:
+        p.set_status(paused_by=None, last_wake=wake)
+        await provisioning.provision(p, spec)
+        return
+    if wanted is not Wanted.RESUME:
+        p.requeue = Requeue()
+    if wanted is Wanted.WAKE_HELD:
+        wake_held(p, wake)
+        return
+    if wanted is Wanted.ADOPT:
+        p.set_status(paused_by="manual")
+        p.set_status(
+            message="paused, and spec.lifecycle.suspend is true: it stays "
+            "paused until suspend is false (drainctl wake)"
+        )
+        return
+    if wanted is not Wanted.RESUME:
+        return
+    ref = await checkpoint_to_resume(p)
+    if p.settings.manage_sandbox:
+        await kube.patch_sandbox(
+            spec.sandbox_version,
+            p.namespace,
+            p.sandbox_of(spec),
+            sandbox_suspension_patch(spec.sandbox_version, False),
+        )
+    if ref:
+        op = await ledger_call(
+            pipeline.start_resume,
+            p.ctx.app,
+            p.ledger,
+            p.settings,
+            namespace=p.namespace,
+            name=p.name,
+            checkpoint_ref=ref,
+            task_uid=p.uid,
+            idempotency_key=operation_key(p.uid, Purpose.RESUME, ref),
+        )
+        p.record_operation(op)
+    p.set_status(paused_by=None, last_wake=wake)
+    p.set_phase(Phase.RESUMING, f"resuming from checkpoint {ref}")
+
+
+async def checkpoint_to_resume(p: TaskPass) -> str | None:
+    """The checkpoint a paused task resumes from: its last pause's, as the ledger recorded
+    it for this task's uid. ``status.checkpointRef`` only shows it: one another writer
+    set (another task's checkpoint) is corrected, never resumed from."""
+    last = await ledger_call(p.ledger.last_lifecycle_operation, p.uid)
+    paused = last is not None and last.kind is OperationKind.PAUSE
+    ref = (
+        last.checkpoint_ref
+        if paused and last is not None and last.state in CHECKPOINTED_STATES
+        else None
+    )
+    shown = p.status.checkpoint_ref
+    if ref is not None and shown != ref:
+        log.warning("status_corrected field=checkpointRef written=%s checkpoint=%s", shown, ref)
+        p.set_status(checkpoint_ref=ref)
+    return ref

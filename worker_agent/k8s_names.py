@@ -1,0 +1,32 @@
+"""Kubernetes names, validated as the API server validates them (``k8s.io/apimachinery``
+``IsDNS1123Label``, ``IsDNS1123Subdomain``), in one place for both halves: the daemon
+side checks the task names its queue carries (``contract``), the operator the names a
+spec gives (``orchestrator.operator``), the embedded API the names of what it stores.
+
+A label is 1-63 lowercase alphanumerics and ``-``, starting and ending alphanumeric; a
+subdomain is labels joined by ``.``, 253 characters in all (``a..b`` is none: an empty
+label).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+DNS_LABEL_MAX: Final = 63
+DNS_SUBDOMAIN_MAX: Final = 253
+_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def is_dns_label(name: object) -> bool:
+    """Whether ``name`` is a DNS-1123 label: a namespace, a Service, a Sandbox."""
+    return isinstance(name, str) and len(name) <= DNS_LABEL_MAX and bool(_LABEL.fullmatch(name))
+
+
+def is_dns_subdomain(name: object) -> bool:
+    """Whether ``name`` is a DNS-1123 subdomain: most objects' names."""
+    return (
+        isinstance(name, str)
+        and len(name) <= DNS_SUBDOMAIN_MAX
+        and all(_LABEL.fullmatch(part) for part in name.split("."))
+    )
