@@ -45,7 +45,7 @@ from orchestrator.devcluster.up import (
 )
 from orchestrator.operator import crd, permissions
 from tests.support import wait_until
-from worker_agent.testing import DRAINCTL
+from worker_agent.testing import DRAINCTL, WaitTimeout
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -121,7 +121,18 @@ def sandbox_deleted_under_its_task(story: Story) -> None:
             raise
         return bool(found["metadata"]["uid"] != old["metadata"]["uid"])
 
-    wait_until(recreated, timeout=60, what="the deleted Sandbox to be re-created")
+    # The old pod may take its whole termination grace (its daemon draining) before it
+    # lets the workspace go; then a heartbeat's silence and a pass.
+    grace = old["spec"]["podTemplate"]["spec"]["terminationGracePeriodSeconds"]
+    try:
+        wait_until(recreated, timeout=grace + 60, what="the deleted Sandbox to be re-created")
+    except WaitTimeout as exc:
+        status = (story.task(RESTORED) or {}).get("status") or {}
+        assert story.stack is not None
+        log = (story.stack.state / "logs" / "operator.log").read_text().splitlines()
+        warnings = [line for line in log if "level=WARNING" in line][-10:]
+        raise WaitTimeout(f"{exc}; the task's status: {status}; the operator's last "
+                          f"warnings: {warnings}") from None  # fmt: skip
 
 
 def workspace_given_its_status(story: Story) -> None:
