@@ -39,7 +39,6 @@ REDIS_DB = 10
 LOADS = {
     "daemon": "import orchestrator.cli.daemon, worker_agent.server, worker_agent.settings",
     "consumer": (
-        "import os; os.environ.setdefault('DRAIN_CONSUMER_QUEUE', 'caliband.bench.exit'); "
         "import worker_agent.consumer, celery.apps.worker, celery.worker.consumer, "
         "celery.concurrency.solo, kombu.transport.redis; "
         "worker_agent.consumer.app.loader.import_default_modules()"

@@ -30,14 +30,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from celery import Task, bootsteps
+from celery import Celery, Task, bootsteps
 from celery.exceptions import Reject
-from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
 from worker_agent import broker_state, logformat, metrics
@@ -62,10 +62,11 @@ from worker_agent.contract import (
     ResumeResult,
     ScaleDownRequest,
     ScaleUpRequest,
-    make_celery,
+    celery_config,
     malformed,
     parse_daemon_queue,
     refusal,
+    stamp_messages,
 )
 from worker_agent.exiting import exit_now
 from worker_agent.journal import OperationJournal, Verb
@@ -86,16 +87,24 @@ SUPERVISOR_RETRIES = 5
 HAND_BACK_PAUSE_SECS = 1.0
 """How long a consumer whose daemon is stopping waits before it hands a resume back."""
 
-settings = BrokerSettings()
-app = make_celery(settings)
-"""The consumer's own Celery app, configured from the contract like the orchestrator's."""
+
+def _configure(sender: Celery, **_: object) -> None:
+    sender.config_from_object(celery_config(BrokerSettings()))
+    stamp_messages()
+
+
+app = Celery("caliban-drain")
+"""The consumer's own Celery app, configured from the contract like the orchestrator's,
+from ``BrokerSettings`` the first time its configuration is read (Celery's
+``on_configure``), not when this module is imported."""
+app.on_configure.connect(_configure, weak=False)
 
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Where the supervisor is and which task this pod serves (from the environment the
-    daemon sets for its consumer child, or ``main``'s options): its Unix socket, or a
-    caliband's TCP+TLS listener (``connect``) with a bearer token and a CA."""
+    """Where the supervisor is and which task this pod serves (``main``'s options, and
+    ``DRAIN_TASK_UID`` as the daemon sets it for its consumer child): its Unix socket, or
+    a caliband's TCP+TLS listener (``connect``) with a bearer token and a CA."""
 
     socket: Path | None
     store: Path
@@ -107,20 +116,19 @@ class ConsumerConfig:
     ca_file: Path | None = None
 
     @classmethod
-    def from_env(cls) -> ConsumerConfig:
-        namespace, name = parse_daemon_queue(os.environ["DRAIN_CONSUMER_QUEUE"])
-        connect = os.environ.get("DRAIN_CONSUMER_CONNECT")
-        token_file = os.environ.get("DRAIN_CONSUMER_TOKEN_FILE")
-        ca_file = os.environ.get("DRAIN_CONSUMER_CA_FILE")
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> ConsumerConfig:
+        """The configuration ``main``'s parsed options give (``--connect`` checked),
+        with the task uid from ``environ``."""
+        namespace, name = parse_daemon_queue(args.queue)
         return cls(
-            socket=None if connect else Path(os.environ["DRAIN_DAEMON_SOCKET"]),
-            store=Path(os.environ["DRAIN_DAEMON_STORE"]),
+            socket=args.socket,
+            store=args.store,
             namespace=namespace,
             name=name,
-            task_uid=os.environ.get("DRAIN_TASK_UID") or None,
-            connect=host_port(connect) if connect else None,
-            token_file=Path(token_file) if token_file else None,
-            ca_file=Path(ca_file) if ca_file else None,
+            task_uid=environ.get("DRAIN_TASK_UID") or None,
+            connect=host_port(args.connect) if args.connect else None,
+            token_file=args.token_file,
+            ca_file=args.ca_file,
         )
 
     def refusal(self, message_uid: str | None) -> str | None:
@@ -137,6 +145,38 @@ def host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class ConsumerTask(Task):  # type: ignore[type-arg]
+    """The base of the consumer's tasks: the pod they serve (``pod``, set once by
+    ``main`` before the worker starts), and each task's run timed for the metrics."""
+
+    pod: ClassVar[ConsumerConfig | None] = None
+    _started = 0.0  # when the running task began (the solo pool: one at a time)
+
+    @classmethod
+    def serve(cls, config: ConsumerConfig) -> None:
+        cls.pod = config
+
+    @property
+    def config(self) -> ConsumerConfig:
+        if self.pod is None:
+            raise RuntimeError(
+                "the consumer serves no pod: run it as python -m worker_agent.consumer"
+            )
+        return self.pod
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        metrics.observe_queue_wait(metrics.DAEMON_QUEUE_WAIT, self)
+        self._started = time.monotonic()
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        if self.name == DAEMON_RESUME:
+            metrics.DAEMON_RESUME_DURATION.labels(outcome=resume_outcome(retval)).observe(
+                time.monotonic() - self._started
+            )
+
+
 def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
     if config.connect is None:
         return SupervisorClient(socket_path=config.socket, timeout=timeout)
@@ -146,8 +186,8 @@ def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
     )
 
 
-@app.task(name=DAEMON_DRAIN, bind=True, max_retries=SUPERVISOR_RETRIES)
-def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+@app.task(name=DAEMON_DRAIN, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
+def drain(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Drain every agent of this pod; answer the refs (the same ones on redelivery)."""
     return _drain_refs(
         self,
@@ -158,8 +198,8 @@ def drain(self: Task[Any, Any], /, **payload: object) -> JsonObject:
     )
 
 
-@app.task(name=DAEMON_SCALE_DOWN, bind=True, max_retries=SUPERVISOR_RETRIES)
-def scale_down(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+@app.task(name=DAEMON_SCALE_DOWN, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
+def scale_down(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Keep the task's ``agents`` oldest agents and drain the rest into retirement; answer
     the retired agents' refs (the same ones on redelivery), for their checkpoint."""
     return _drain_refs(
@@ -175,7 +215,7 @@ _Drains = TypeVar("_Drains", DrainRequest, ScaleDownRequest)
 
 
 def _drain_refs(
-    task: Task[Any, Any],
+    task: ConsumerTask,
     payload: dict[str, object],
     model: type[_Drains],
     what: Verb,
@@ -187,7 +227,7 @@ def _drain_refs(
 
     A malformed request is answered with an error result (the operation fails with the
     reason), never raised: a task that raises on its input would be retried forever."""
-    config = ConsumerConfig.from_env()
+    config = task.config
     try:
         request = model.model_validate(payload)
     except ValidationError as exc:
@@ -244,15 +284,15 @@ def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
     ).model_dump(mode="json")
 
 
-@app.task(name=DAEMON_RESUME, bind=True, max_retries=SUPERVISOR_RETRIES)
-def resume(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+@app.task(name=DAEMON_RESUME, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
+def resume(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Resume each agent of a checkpoint (all in the store when it names none); one that
     is already live counts as resumed."""
     return _bring_agents(self, payload, ResumeRequest, "resume", _resume_checkpoint)
 
 
-@app.task(name=DAEMON_SCALE_UP, bind=True, max_retries=SUPERVISOR_RETRIES)
-def scale_up(self: Task[Any, Any], /, **payload: object) -> JsonObject:
+@app.task(name=DAEMON_SCALE_UP, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
+def scale_up(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Bring the task to ``agents`` agents: resume agents a scale-down retired, oldest
     first, each continuing its conversation at ``turns + 1``, then spawn new ones. Judged
     against the agents the task has when it runs, so a redelivery that finds the task
@@ -264,7 +304,7 @@ _Brings = TypeVar("_Brings", ResumeRequest, ScaleUpRequest)
 
 
 def _bring_agents(
-    task: Task[Any, Any],
+    task: ConsumerTask,
     payload: dict[str, object],
     model: type[_Brings],
     what: Verb,
@@ -285,7 +325,7 @@ def _bring_agents(
         log.error("%s_refused reason=%s", what, reason)
         op_id = str(payload.get("op_id", ""))
         return ResumeResult(op_id=op_id, results=[], error=reason).model_dump(mode="json")
-    config = ConsumerConfig.from_env()
+    config = task.config
     journal = OperationJournal(config.store)
     if (done := journal.get(request.op_id, what, ResumeResult)) is not None:
         log.info("%s_redelivered op=%s answered_from=journal", what, request.op_id)
@@ -546,10 +586,12 @@ class Heartbeat(threading.Thread):
         self,
         config: ConsumerConfig,
         *,
+        settings: BrokerSettings | None = None,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name="caliban-heartbeat", daemon=True)
+        settings = settings if settings is not None else BrokerSettings()
         self.config = config
         self.interval = settings.heartbeat_interval_secs
         self.poll = settings.heartbeat_poll_secs
@@ -613,23 +655,6 @@ class Heartbeat(threading.Thread):
             self.sent(counts, report)
 
 
-_heartbeat: Heartbeat | None = None
-
-
-@worker_ready.connect
-def _start_heartbeat(**_: Any) -> None:
-    global _heartbeat
-    if os.environ.get("DRAIN_CONSUMER_QUEUE"):
-        _heartbeat = Heartbeat(ConsumerConfig.from_env())
-        _heartbeat.start()
-
-
-@worker_shutting_down.connect
-def _stop_heartbeat(**_: Any) -> None:
-    if _heartbeat is not None:
-        _heartbeat.stopping.set()
-
-
 # ---------------------------------------------------------------- broker connection
 
 
@@ -681,65 +706,46 @@ class BrokerWatch(threading.Thread):
             self.changed.wait(broker_state.CHECK_SECS)
 
 
-_broker_watch: BrokerWatch | None = None
+def broker_connected(watch: BrokerWatch) -> type[bootsteps.StartStopStep]:
+    """A step for the worker's consumer blueprint telling ``watch`` of the worker's own
+    connection: started once it is up and its queues consumed, stopped when Celery
+    restarts the blueprint on a lost connection (and at shutdown)."""
+
+    class BrokerConnected(bootsteps.StartStopStep):
+        requires = ("celery.worker.consumer:Tasks",)
+
+        def start(self, parent: Any) -> None:
+            watch.tell(broker_state.Connection.CONNECTED)
+
+        def stop(self, parent: Any) -> None:
+            watch.tell(broker_state.Connection.LOST)
+
+        def shutdown(self, parent: Any) -> None:
+            watch.tell(broker_state.Connection.STOPPING)
+
+    return BrokerConnected
 
 
-def _start_broker_watch() -> None:
-    """Report to the supervisor that runs this consumer (its metrics dir), if any."""
-    global _broker_watch
-    if directory := os.environ.get(metrics.MULTIPROC_ENV):
-        _broker_watch = BrokerWatch(Path(directory))
-        _broker_watch.start()
+def attend(worker_app: Celery, config: ConsumerConfig, metrics_dir: str | None) -> None:
+    """What runs beside the worker's tasks, tied to its signals: the heartbeat from the
+    moment the worker is ready, and (under a supervisor, which gives its metrics dir)
+    the broker report. Both are told when the worker shuts down."""
+    heartbeat = Heartbeat(config)
+    watch = BrokerWatch(Path(metrics_dir)) if metrics_dir else None
 
+    def ready(**_: Any) -> None:
+        heartbeat.start()
 
-def _tell_broker_watch(connection: broker_state.Connection) -> None:
-    if _broker_watch is not None:
-        _broker_watch.tell(connection)
+    def shutting_down(**_: Any) -> None:
+        heartbeat.stopping.set()
+        if watch is not None:
+            watch.tell(broker_state.Connection.STOPPING)
 
-
-class BrokerConnected(bootsteps.StartStopStep):
-    """A step of the worker's consumer blueprint: started once the worker's connection
-    is up and its queues consumed, stopped when Celery restarts the blueprint on a lost
-    connection (and at shutdown), so the report follows the worker's own connection."""
-
-    requires = ("celery.worker.consumer:Tasks",)
-
-    def start(self, parent: Any) -> None:
-        _tell_broker_watch(broker_state.Connection.CONNECTED)
-
-    def stop(self, parent: Any) -> None:
-        _tell_broker_watch(broker_state.Connection.LOST)
-
-    def shutdown(self, parent: Any) -> None:
-        _tell_broker_watch(broker_state.Connection.STOPPING)
-
-
-app.steps["consumer"].add(BrokerConnected)
-
-
-@worker_shutting_down.connect
-def _say_stopping(**_: Any) -> None:
-    _tell_broker_watch(broker_state.Connection.STOPPING)
-
-
-_started: dict[str, float] = {}  # task id → when it started (the solo pool: one at a time)
-
-
-@task_prerun.connect
-def _task_started(task_id: str = "", task: Any = None, **_: Any) -> None:
-    if task is not None:
-        metrics.observe_queue_wait(metrics.DAEMON_QUEUE_WAIT, task)
-        _started[task_id] = time.monotonic()
-
-
-@task_postrun.connect
-def _task_finished(task_id: str = "", task: Any = None, retval: object = None, **_: Any) -> None:
-    started = _started.pop(task_id, None)
-    if started is None or task is None or task.name != DAEMON_RESUME:
-        return
-    metrics.DAEMON_RESUME_DURATION.labels(outcome=resume_outcome(retval)).observe(
-        time.monotonic() - started
-    )
+    worker_ready.connect(ready, weak=False)
+    worker_shutting_down.connect(shutting_down, weak=False)
+    if watch is not None:
+        worker_app.steps["consumer"].add(broker_connected(watch))
+        watch.start()
 
 
 def resume_outcome(answer: object) -> str:
@@ -756,7 +762,11 @@ def resume_outcome(answer: object) -> str:
     return "ok" if ok == len(results) else "partial"
 
 
-def main(argv: list[str] | None = None) -> None:
+def options(
+    argv: list[str] | None, environ: Mapping[str, str]
+) -> tuple[ConsumerConfig, argparse.Namespace]:
+    """``main``'s command line as the pod's configuration (and the options it was
+    parsed from); what is wrong with it exits 2 with one line."""
     parser = argparse.ArgumentParser(prog="python -m worker_agent.consumer")
     parser.add_argument("--queue", required=True, help="caliband.<namespace>.<name>")
     where = parser.add_mutually_exclusive_group(required=True)
@@ -781,23 +791,23 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--token-file {args.token_file} is empty")
         except OSError as exc:
             parser.error(f"--token-file {args.token_file}: {exc.strerror}")
-        os.environ["DRAIN_CONSUMER_CONNECT"] = args.connect
-        os.environ["DRAIN_CONSUMER_TOKEN_FILE"] = str(args.token_file)
-        if args.ca_file is not None:
-            os.environ["DRAIN_CONSUMER_CA_FILE"] = str(args.ca_file)
-    else:
-        os.environ["DRAIN_DAEMON_SOCKET"] = str(args.socket)
-    os.environ["DRAIN_CONSUMER_QUEUE"] = args.queue
-    os.environ["DRAIN_DAEMON_STORE"] = str(args.store)
+    try:
+        return ConsumerConfig.from_args(args, environ), args
+    except ValueError as exc:  # --queue is not caliband.<namespace>.<name>
+        parser.error(f"--queue: {exc}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, args = options(argv, os.environ)
     # The same lines as drainctl's own processes (DRAIN_LOG_FORMAT), each naming the
     # task this pod serves, and a drain's or resume's operation id while it runs.
     logformat.configure(args.loglevel)
-    namespace, name = parse_daemon_queue(args.queue)
     logformat.set_process_context(
-        namespace=namespace, name=name, task_uid=os.environ.get("DRAIN_TASK_UID")
+        namespace=config.namespace, name=config.name, task_uid=config.task_uid
     )
     logformat.install_celery_hooks()
-    _start_broker_watch()
+    ConsumerTask.serve(config)
+    attend(app, config, os.environ.get(metrics.MULTIPROC_ENV))
     code = run_worker(
         app,
         queues=[args.queue],

@@ -65,7 +65,8 @@ def test_a_drain_and_a_resume_reach_a_tls_daemon_through_the_preamble(tmp_short:
 
 def test_bad_connect_arguments_are_refused_in_one_line(tmp_short: Path) -> None:
     """Tried: a --connect without a port, with a port out of range, without a token file,
-    with an empty token file, and with both --socket and --connect."""
+    with an empty token file, with both --socket and --connect, and a queue that is not
+    a daemon's."""
     empty = tmp_short / "empty"
     empty.write_text("\n")
     cases = [
@@ -74,6 +75,7 @@ def test_bad_connect_arguments_are_refused_in_one_line(tmp_short: Path) -> None:
         (["--connect", "127.0.0.1:7443"], "needs --token-file"),
         (["--connect", "127.0.0.1:7443", "--token-file", str(empty)], "is empty"),
         (["--connect", "127.0.0.1:7443", "--socket", "/tmp/x.sock"], "not allowed with"),
+        (["--queue", "tasks.default", "--socket", "/tmp/x.sock"], "is not caliband."),
     ]
     for args, says in cases:
         done = subprocess.run(

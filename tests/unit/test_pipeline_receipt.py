@@ -280,14 +280,24 @@ def test_a_drained_operation_past_its_deadline_says_the_record_was_late(ledger: 
     assert "drained its agents but the checkpoint was not recorded in time" in failed.error
 
 
+def serve(monkeypatch: pytest.MonkeyPatch, store: Path, task_uid: str | None) -> None:
+    """The consumer's tasks configured for team-a/task-1 on ``store``, as ``main`` does,
+    its supervisor's socket absent."""
+    from worker_agent.consumer import ConsumerConfig, ConsumerTask
+
+    config = ConsumerConfig(
+        socket=store / "absent.sock", store=store, namespace="team-a", name="task-1",
+        task_uid=task_uid,
+    )  # fmt: skip
+    monkeypatch.setattr(ConsumerTask, "pod", config)
+
+
 def test_the_consumer_answers_a_malformed_drain_request_with_an_error_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from worker_agent import consumer
 
-    monkeypatch.setenv("DRAIN_CONSUMER_QUEUE", "caliband.team-a.task-1")
-    monkeypatch.setenv("DRAIN_DAEMON_SOCKET", str(tmp_path / "absent.sock"))
-    monkeypatch.setenv("DRAIN_DAEMON_STORE", str(tmp_path))
+    serve(monkeypatch, tmp_path, task_uid=None)
 
     answer = consumer.drain(op_id="op-1", grace_secs="soon")
 
@@ -309,10 +319,7 @@ def test_a_message_for_another_task_uid_is_refused_answered_and_journaled(
     from worker_agent.contract import ResumeResult
     from worker_agent.journal import OperationJournal
 
-    monkeypatch.setenv("DRAIN_CONSUMER_QUEUE", "caliband.team-a.task-1")
-    monkeypatch.setenv("DRAIN_DAEMON_SOCKET", str(tmp_path / "absent.sock"))
-    monkeypatch.setenv("DRAIN_DAEMON_STORE", str(tmp_path))
-    monkeypatch.setenv("DRAIN_TASK_UID", "new-uid")
+    serve(monkeypatch, tmp_path, task_uid="new-uid")
 
     if verb == "drain":
         answer = consumer.drain(op_id="op-1", grace_secs=5.0, task_uid="old-uid")
