@@ -57,3 +57,11 @@ compose-test: env
 	bash scripts/docker-engine.sh run -- $(PY) -m pytest -m compose --durations=0 tests/compose $(PYTEST_ARGS)
 
 test: compose-test
+
+# tests/integration/test_bench_quick.py: the quick benchmark run, checked. Alone, after the
+# suite: its scenarios measure, and beside the suite's load they took twice as long.
+.PHONY: bench-test
+bench-test: env services
+	$(PY) -m pytest -m bench --durations=0 tests/integration/test_bench_quick.py $(PYTEST_ARGS)
+
+test: bench-test

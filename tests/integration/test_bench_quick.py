@@ -15,11 +15,10 @@ import pytest
 from tests.pipeline_support import REDIS_PORT, redis_db_url
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.bench  # make bench-test: alone, after the suite
 QUICK_RUN_SECS = 600
 """How long the quick run may take: about a minute on a quiet machine (4 scenarios side
-by side, ``bench.scenarios.QUICK_JOBS``), several times that while the rest of the suite
-runs beside it."""
+by side, ``bench.scenarios.QUICK_JOBS``), several times that on a loaded one."""
 
 
 @pytest.mark.timeout(QUICK_RUN_SECS + 30)
