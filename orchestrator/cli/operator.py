@@ -72,7 +72,7 @@ def operator_cmd(
 ) -> None:
     """Run the CalibanTask operator (kopf; kubeconfig or in-cluster credentials)."""
     configure_logging(log_level)
-    from orchestrator.operator.handlers import run_operator
+    from orchestrator.operator.main import run_operator
     from orchestrator.operator.permissions import find_missing
 
     try:

@@ -114,9 +114,14 @@ class Poller(Generic[K, V]):
                 failures += 1
                 # One line per failed read, spaced out as a failing pass is (1 s doubling
                 # to 5 min): a ledger down is not a traceback every few milliseconds.
-                log.warning("follow_read_failed poller=%s keys=%d attempt=%d retry_in=%.0fs "
-                            "error=%s", self.name, len(keys), failures,
-                            failure_backoff(failures), type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "follow_read_failed poller=%s keys=%d attempt=%d retry_in=%.0fs error=%s",
+                    self.name,
+                    len(keys),
+                    failures,
+                    failure_backoff(failures),
+                    type(exc).__name__,
+                )
                 log.debug("follow_read_failed poller=%s", self.name, exc_info=True)
                 continue
             finally:

@@ -11,8 +11,9 @@
   (``operator.workspace_status``), where ``DRAIN_WORKSPACE_STATUS`` says this operator
   writes it.
 
-``run_operator`` is ``drainctl operator``: kopf in the foreground with the settings it
-was given, passed to the handlers in kopf's memo (never through the environment).
+``operator.main.run_operator`` (``drainctl operator``) runs them: kopf in the foreground
+with the settings it was given, passed to the handlers in kopf's memo (never through the
+environment).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from orchestrator.operator import (
     workspace_status,
 )
 from orchestrator.operator.context import OperatorContext
-from orchestrator.operator.crd import Manifest
 from orchestrator.operator.pacing import failure_backoff
 from orchestrator.settings import Settings
 from worker_agent.metrics import MetricsServer, serve
@@ -165,51 +165,10 @@ def watch_children() -> None:
     Sandboxes (the version the cluster prefers), pods and PVCs, by the task label they
     carry. Only with ``--manage-sandbox``, whose RBAC lets it watch them."""
     labelled = {crd.TASK_LABEL: kopf.PRESENT}
-    kopf.on.event(group=crd.SANDBOX_GROUP, plural=crd.SANDBOX_PLURAL, labels=labelled,
-                  id="sandbox_changed")(child_changed)  # fmt: skip
-    kopf.on.event("", "v1", "pods", labels=labelled, id="pod_changed")(child_changed)
-    kopf.on.event("", "v1", "persistentvolumeclaims", labels=labelled,
-                  id="pvc_changed")(child_changed)  # fmt: skip
-
-
-def run_operator(
-    *,
-    namespaces: list[str] | None,
-    manage_sandbox: bool,
-    peering: str | None = None,
-    liveness: str | None = None,
-    existing_sandboxes: bool = False,
-) -> None:
-    """``drainctl operator``: kopf in the foreground; standalone (one replica) unless
-    ``peering`` (or ``DRAIN_PEERING``) names the peering object its replicas share
-    (``operator.peering``). ``liveness``: the URL kopf serves its health probe on. The
-    flags override the ``DRAIN_*`` settings they name."""
-    from orchestrator.operator.peering import own_priority
-
-    flags: Manifest = {}
-    if manage_sandbox:
-        flags["manage_sandbox"] = True
-    if existing_sandboxes:
-        flags["existing_sandboxes"] = True
-    if peering is not None:
-        flags["peering"] = peering
-    settings = Settings(**flags)
-    if settings.manage_sandbox:
-        watch_children()
-    priority = None if settings.peering is None else own_priority(settings.peering_priority)
-    if priority is not None:
-        log.info(
-            "operator_peering name=%s priority=%d lifetime_secs=%d",
-            settings.peering,
-            priority,
-            settings.peering_lifetime_secs,
-        )
-    kopf.run(
-        standalone=settings.peering is None,
-        peering_name=settings.peering,
-        priority=priority,
-        clusterwide=not namespaces,
-        namespaces=namespaces or [],
-        liveness_endpoint=liveness,
-        memo=kopf.Memo(drain_settings=settings),
+    sandboxes = kopf.on.event(
+        group=crd.SANDBOX_GROUP, plural=crd.SANDBOX_PLURAL, labels=labelled, id="sandbox_changed"
     )
+    pods = kopf.on.event("", "v1", "pods", labels=labelled, id="pod_changed")
+    pvcs = kopf.on.event("", "v1", "persistentvolumeclaims", labels=labelled, id="pvc_changed")
+    for register in (sandboxes, pods, pvcs):
+        register(child_changed)

@@ -187,10 +187,15 @@ async def patch_sandbox(api_version: str, namespace: str, name: str, patch: Mani
     group, version = _group_version(api_version)
     await _in_thread(
         lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
-            group, version, namespace, crd.SANDBOX_PLURAL, name, patch,
+            group,
+            version,
+            namespace,
+            crd.SANDBOX_PLURAL,
+            name,
+            patch,
             _content_type=MERGE_PATCH,
         )
-    )  # fmt: skip
+    )
 
 
 async def get_pvc(namespace: str, name: str) -> Any:
@@ -511,10 +516,15 @@ async def annotate_task(namespace: str, name: str, annotations: dict[str, str]) 
     """Set annotations on CalibanTask ``namespace/name`` (nothing if it is gone)."""
     await _read(
         lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name,
-            {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            {"metadata": {"annotations": annotations}},
+            _content_type=MERGE_PATCH,
         )
-    )  # fmt: skip
+    )
 
 
 async def patch_task_status(namespace: str, name: str, status: Manifest) -> Manifest | None:

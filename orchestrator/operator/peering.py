@@ -15,7 +15,7 @@ out, and the standby resumes at once. The handlers need no lock of their own: ev
 operation is found in the ledger by its idempotency key, so the replica that takes over
 continues the drain the dead one began (``handlers``).
 
-Nothing here imports kopf: these are the pure decisions ``handlers.run_operator`` uses.
+Nothing here imports kopf: these are the pure decisions ``main.run_operator`` uses.
 """
 
 from __future__ import annotations

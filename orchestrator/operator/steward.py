@@ -85,9 +85,11 @@ async def run(ctx: OperatorContext, body: kopf.Body, stopped: kopf.DaemonStopped
             if failed is not None:
                 metrics.OPERATOR_PASS_FAILURES.inc()
                 log.warning(
-                    "pass_failed attempt=%d retry_in=%.0fs error=%s", failures,
-                    failure_backoff(failures), _one_line(failed),
-                )  # fmt: skip
+                    "pass_failed attempt=%d retry_in=%.0fs error=%s",
+                    failures,
+                    failure_backoff(failures),
+                    _one_line(failed),
+                )
             cause = "clock"
             while not stopped:
                 entry.wake.clear()

@@ -126,8 +126,12 @@ async def observe(settings: Settings, body: kopf.Body, event: str | None) -> Non
     ready = _ready_condition(patch["conditions"])
     log.info(
         "workspace_status namespace=%s name=%s phase=%s generation=%s reason=%s",
-        namespace, name, patch["phase"], patch["observedGeneration"], ready.get("reason"),
-    )  # fmt: skip
+        namespace,
+        name,
+        patch["phase"],
+        patch["observedGeneration"],
+        ready.get("reason"),
+    )
     before = _ready_condition((workspace.get("status") or {}).get("conditions"))
     if (before.get("status"), before.get("reason")) != (ready.get("status"), ready.get("reason")):
         if patch["phase"] == READY:

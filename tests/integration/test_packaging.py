@@ -352,7 +352,7 @@ def bare_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 RUNTIME_ENTRY_MODULES = (
     "orchestrator.cli",
-    "orchestrator.operator.handlers",
+    "orchestrator.operator.main",
     "orchestrator.pipeline.tasks",
     "orchestrator.pipeline.start",
     "orchestrator.ledger",

@@ -55,6 +55,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "orchestrator.cli",
         "orchestrator.devcluster",
         "orchestrator.operator.handlers",
+        "orchestrator.operator.main",
     ),
 }
 """Importer package → the packages it must never import (``a.b`` covers ``a.b.*``)."""
