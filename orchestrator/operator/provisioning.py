@@ -37,7 +37,6 @@ from orchestrator.operator.taskpass import (
     TaskPass,
     ledger_call,
 )
-from orchestrator.pipeline import start as pipeline
 
 log = logging.getLogger(__name__)
 
@@ -175,22 +174,14 @@ async def provision(p: TaskPass, spec: TaskSpec) -> None:
         )
         await create_sandbox(p, spec, pvc_name)
     if restore_from is not None:
-        op = await ledger_call(
-            pipeline.start_resume,
-            p.ctx.app,
-            p.ledger,
-            p.settings,
-            namespace=p.namespace,
-            name=p.name,
-            checkpoint_ref=restore_from.ref,
-            task_uid=p.uid,
+        await p.start_resume(
+            restore_from.ref,
+            operation_key(p.uid, Purpose.RESTORE),
             kind=OperationKind.RESTORE,
-            idempotency_key=operation_key(p.uid, Purpose.RESTORE),
             # The restoring task's own model and provider, not the checkpoint's.
             provider=spec.provider,
             model=spec.model or None,
         )
-        p.record_operation(op)
         p.set_status(checkpoint_ref=restore_from.ref)
         p.set_phase(Phase.RESUMING, f"restoring from checkpoint {restore_from.ref}")
         return

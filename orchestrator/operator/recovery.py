@@ -20,9 +20,7 @@ from orchestrator.operator.lifecycle import (
 from orchestrator.operator.taskpass import (
     TaskPass,
     iso,
-    ledger_call,
 )
-from orchestrator.pipeline import start as pipeline
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +38,7 @@ async def start_recovery(p: TaskPass, counts: AgentCounts, why: str, *, streak_o
     history = p.recovery_history()
     number = history.count + 1
     streak = (0 if streak_over else history.streak) + 1
-    op = await ledger_call(
-        pipeline.start_resume,
-        p.ctx.app,
-        p.ledger,
-        p.settings,
-        namespace=p.namespace,
-        name=p.name,
-        checkpoint_ref=None,
-        task_uid=p.uid,
-        idempotency_key=operation_key(p.uid, Purpose.RECOVER, number),
-    )
-    p.record_operation(op)
+    await p.start_resume(None, operation_key(p.uid, Purpose.RECOVER, number))
     cause = {
         "DaemonRestarted": "the daemon restarted",
         "AgentsStopped": "agents stopped in a running daemon",

@@ -31,7 +31,6 @@ from orchestrator.operator.taskpass import (
     TaskPass,
     ledger_call,
 )
-from orchestrator.pipeline import start as pipeline
 from orchestrator.pipeline.start import DrainStart
 
 log = logging.getLogger(__name__)
@@ -151,18 +150,7 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
             sandbox_suspension_patch(spec.sandbox_version, False),
         )
     if ref:
-        op = await ledger_call(
-            pipeline.start_resume,
-            p.ctx.app,
-            p.ledger,
-            p.settings,
-            namespace=p.namespace,
-            name=p.name,
-            checkpoint_ref=ref,
-            task_uid=p.uid,
-            idempotency_key=operation_key(p.uid, Purpose.RESUME, ref),
-        )
-        p.record_operation(op)
+        await p.start_resume(ref, operation_key(p.uid, Purpose.RESUME, ref))
     p.set_status(paused_by=None, last_wake=wake)
     p.set_phase(Phase.RESUMING, f"resuming from checkpoint {ref}")
 

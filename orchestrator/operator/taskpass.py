@@ -37,6 +37,7 @@ from orchestrator.operator.lifecycle import (
 )
 from orchestrator.operator.pacing import Heartbeat, Requeue, heartbeat_of, newer
 from orchestrator.operator.status import LastOperation, StatusWrite, TaskStatus, aliased
+from orchestrator.pipeline import start as pipeline
 from worker_agent.logformat import bind_log_context, set_log_context
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,34 @@ class TaskPass:
     def record_operation(self, op: OperationView) -> None:
         self.set_status(last_operation=operation_status(op))
         bind_log_context(operation_id=op.id)
+
+    async def start_resume(
+        self,
+        checkpoint_ref: str | None,
+        idempotency_key: str,
+        *,
+        kind: OperationKind = OperationKind.RESUME,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> OperationView:
+        """A resume of this task's agents (a recovery's, a wake's, a restore's: ``kind``)
+        begun through the pipeline (``pipeline.start.start_resume``), on its status."""
+        op = await ledger_call(
+            pipeline.start_resume,
+            self.ctx.app,
+            self.ledger,
+            self.settings,
+            namespace=self.namespace,
+            name=self.name,
+            checkpoint_ref=checkpoint_ref,
+            task_uid=self.uid,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            provider=provider,
+            model=model,
+        )
+        self.record_operation(op)
+        return op
 
     def set_ready(self) -> None:
         """``Ready`` from where the pass left the task (its phase, the heartbeat read)."""
