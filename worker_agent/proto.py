@@ -278,7 +278,7 @@ class ResumeRef(_Wire):
 
 
 class _Request(_Wire):
-    pass
+    """A request to the supervisor: one line, its kind naming it."""
 
 
 class _Graceful(_Request):

@@ -13,16 +13,14 @@ against the embedded API with authorization on and a ClusterRole missing one ver
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import shutil
 import socket
 import subprocess
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,7 +42,7 @@ from orchestrator.devcluster.up import (
     stack_access,
 )
 from orchestrator.operator import crd, permissions
-from tests.support import wait_until
+from tests.support import LoopThread, wait_until
 from worker_agent.testing import DRAINCTL, WaitTimeout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,17 +198,12 @@ class ApiThread:
     """The embedded API with RBAC on, on its own event-loop thread."""
 
     def __init__(self, record: Path, crds: list[dict[str, Any]] | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rbac-api")
-        self._thread.start()
+        self._loop = LoopThread("rbac-api")
         access = stack_access(True, record)  # as drainctl dev up --rbac has it
         self.server = EmbeddedApiServer(
             crds=packaged_crds() if crds is None else crds, access=access
         )
-        self._run(self.server.start())
-
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+        self._loop.run(self.server.start())
 
     def admin_client(self, root: Path) -> client.ApiClient:
         """A client as the dev user (``system:masters``), also made the default one."""
@@ -224,9 +217,7 @@ class ApiThread:
         apply_manifests(rbac)
 
     def close(self) -> None:
-        self._run(self.server.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop.run(self.server.stop())
         self._loop.close()
 
 

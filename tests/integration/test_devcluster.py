@@ -12,12 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.devcluster import DevClusterError, EmbeddedApiServer, write_kubeconfig
-from tests.support import wait_until
+from tests.support import LoopThread, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs the kubectl binary")
 
@@ -87,10 +86,8 @@ class Cluster:
     def __init__(self, root: Path, state_file: Path | None = None) -> None:
         self.root = root
         self.kubeconfig = root / "kubeconfig"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-api")
-        self._thread.start()
-        self.server = self._run(self._start(state_file))
+        self._loop = LoopThread("embedded-api")
+        self.server = self._loop.run(self._start(state_file))
         self.url = self.server.url
         write_kubeconfig(self.kubeconfig, self.url)
 
@@ -100,13 +97,8 @@ class Cluster:
         await server.start()
         return server
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
-
     def close(self) -> None:
-        self._run(self.server.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop.run(self.server.stop())
         self._loop.close()
 
     def kubectl(

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +42,7 @@ from orchestrator.operator.kube import MERGE_PATCH
 from orchestrator.operator.snapshot_follower import SnapshotFollower
 from orchestrator.settings import Settings
 from tests.pipeline_support import fresh_sqlite
+from tests.support import LoopThread
 
 T = TypeVar("T")
 CUT = datetime(2026, 12, 6, 9, 0, 2, tzinfo=UTC)
@@ -54,10 +54,8 @@ class Api:
 
     def __init__(self, root: Path) -> None:
         self.record = root / "requests.jsonl"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-api")
-        self._thread.start()
-        self.server = self._run(self._start())
+        self._loop = LoopThread("embedded-api")
+        self.server = self._loop.run(self._start())
         kube_config.load_kube_config_from_dict(kubeconfig_document(self.server.url))
 
     async def _start(self) -> EmbeddedApiServer:
@@ -66,13 +64,8 @@ class Api:
         await server.start()
         return server
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
-
     def close(self) -> None:
-        self._run(self.server.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop.run(self.server.stop())
         self._loop.close()
 
     def requests(self) -> Counter[tuple[str, str, str]]:
