@@ -104,12 +104,13 @@ class Pod:
 def pod_manifest(sandbox: dict[str, Any], pod_spec: dict[str, Any]) -> dict[str, Any]:
     """The Pod object a Sandbox's process is shown as, as the real controller's pod is:
     owned by the Sandbox (so it is garbage-collected with it), with the pod template's
-    labels and volumes, and a finalizer this controller removes once the process has
+    labels, annotations and volumes, and a finalizer this controller removes once the process has
     exited, so a pod whose Sandbox is gone stays Terminating while its process drains.
     Who mounts a PVC is read from these, as on a cluster."""
     meta = sandbox["metadata"]
     template = (sandbox.get("spec") or {}).get("podTemplate") or {}
-    labels = {**((template.get("metadata") or {}).get("labels") or {}), POD_LABEL: "true"}
+    template_meta = template.get("metadata") or {}
+    labels = {**(template_meta.get("labels") or {}), POD_LABEL: "true"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -118,6 +119,7 @@ def pod_manifest(sandbox: dict[str, Any], pod_spec: dict[str, Any]) -> dict[str,
             "name": f"{meta['name'][:240]}-{str(meta['uid'])[:5]}",
             "namespace": meta["namespace"],
             "labels": labels,
+            "annotations": dict(template_meta.get("annotations") or {}),
             "finalizers": [POD_FINALIZER],
             "ownerReferences": [{
                 "apiVersion": sandbox["apiVersion"], "kind": sandbox.get("kind", "Sandbox"),

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,11 +165,44 @@ def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> M
             # pod; the component label is what the daemon NetworkPolicy selects.
             # The user's spec.sandbox.podTemplate goes under ours: what it adds is
             # kept, what it sets that we set is ours.
-            "podTemplate": merge_under(
-                {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.pod_template
+            "podTemplate": with_template_hash(
+                merge_under(
+                    {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.pod_template
+                )
             ),
         },
     }
+
+
+def pod_template_hash(template: Manifest) -> str:
+    """What a pod made from ``template`` is made of, as a short hash: everything but
+    what the daemon takes without a new pod (its arguments: the agents, provider, model
+    and prompt a fresh start spawns, the drain grace, which every drain request carries)
+    and the termination grace that follows the drain grace. A pod whose hash differs
+    from its spec's (a new image, env, podTemplate, resources or runtimeClass) is rolled:
+    drained, checkpointed and made again (``rolling``)."""
+    shape = copy.deepcopy(template)
+    meta = shape.get("metadata") or {}
+    annotations = meta.pop("annotations", None) or {}
+    annotations.pop(crd.POD_TEMPLATE_ANNOTATION, None)
+    if annotations:
+        meta["annotations"] = annotations
+    pod_spec = shape.get("spec") or {}
+    pod_spec.pop("terminationGracePeriodSeconds", None)
+    for container in pod_spec.get("containers") or []:
+        if container.get("name") == crd.DAEMON_CONTAINER:
+            container.pop("args", None)
+    canonical = json.dumps(shape, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_template_hash(template: Manifest) -> Manifest:
+    """``template`` annotated with its ``pod_template_hash``, which its pod carries."""
+    meta = template.setdefault("metadata", {})
+    annotations = dict(meta.get("annotations") or {})
+    annotations[crd.POD_TEMPLATE_ANNOTATION] = pod_template_hash(template)
+    meta["annotations"] = annotations
+    return template
 
 
 def workspace_pvc(

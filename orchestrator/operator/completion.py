@@ -75,8 +75,7 @@ async def start_completion(p: TaskPass, spec: TaskSpec, counts: AgentCounts) -> 
     and record the completed checkpoint, as a pause does; ``finish_completion`` then
     suspends the Sandbox."""
     attempt = int(p.status.completions or 0) + 1
-    await suspended.begin_drain(
-        p,
+    await p.begin_drain(
         spec,
         OperationKind.COMPLETE,
         CheckpointReason.COMPLETED,

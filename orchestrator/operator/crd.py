@@ -57,6 +57,15 @@ checkpoint's VolumeSnapshot (``children``'s builders). Not on the Sandbox's pod
 template: the pod is the Sandbox controller's to make and manage, and carries the task
 label (``TASK_LABEL``) that selects it."""
 
+FIELD_MANAGER: Final = "caliban-drain"
+"""The field manager of the operator's server-side applies: the fields of a task's
+Sandbox, ServiceAccount and NetworkPolicy it sets are owned by it (``metadata.
+managedFields``), and each pass takes them back from any other writer (``force``)."""
+
+POD_TEMPLATE_ANNOTATION: Final = f"{GROUP}/pod-template"
+"""On the Sandbox's pod template, so on its pod: the hash of what the pod is made of
+(``children.pod_template_hash``). A live pod whose hash is not the spec's is rolled."""
+
 KOPF_ANNOTATION_PREFIX: Final = GROUP
 """kopf keeps its handler progress and last-handled state in annotations under this prefix
 (``<prefix>/<handler id>``), so they sit beside ours rather than under ``kopf.zalando.org``.

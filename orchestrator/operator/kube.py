@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -105,14 +106,37 @@ def _group_version(api_version: str) -> tuple[str, str]:
     return group, version
 
 
-async def create_sandbox(api_version: str, namespace: str, body: Manifest) -> None:
-    group, version = _group_version(api_version)
-    await _create(
-        lambda: client.CustomObjectsApi().create_namespaced_custom_object(
-            group, version, namespace, crd.SANDBOX_PLURAL, body
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+async def _apply(call: Callable[..., Any], *args: str, body: Manifest) -> Any:
+    """Server-side apply of ``body`` by the operator's field manager, taking back every
+    field it sets from any other writer (``force``): the object is created if it is not
+    there, and made equal to ``body`` in what ``body`` says if it is."""
+    namespace = body["metadata"]["namespace"]
+    return await _call(
+        lambda: call(
+            *args,
+            body,
+            field_manager=crd.FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_PATCH,
         ),
+        {},
         namespace,
     )
+
+
+async def apply_sandbox(api_version: str, body: Manifest) -> Manifest:
+    """The task's Sandbox (``children.sandbox``) applied; the Sandbox as stored."""
+    group, version = _group_version(api_version)
+    meta = body["metadata"]
+    applied: Manifest = await _apply(
+        client.CustomObjectsApi().patch_namespaced_custom_object,
+        group, version, meta["namespace"], crd.SANDBOX_PLURAL, meta["name"],
+        body=body,
+    )  # fmt: skip
+    return applied
 
 
 async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
@@ -143,21 +167,22 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     await _in_thread(call)
 
 
-async def _create_once(create: Callable[[str, Manifest], Any], body: Manifest) -> None:
-    """``create(namespace, body)``; an object already there (an earlier pass, or a
-    re-created Sandbox) is left as it is."""
-    namespace = body["metadata"]["namespace"]
-    await _create(lambda: create(namespace, body), namespace)
+async def apply_service_account(body: Manifest) -> None:
+    """The task's ServiceAccount (``children.service_account``) applied."""
+    meta = body["metadata"]
+    await _apply(
+        client.CoreV1Api().patch_namespaced_service_account,
+        meta["name"], meta["namespace"], body=body,
+    )  # fmt: skip
 
 
-async def ensure_service_account(body: Manifest) -> None:
-    """Create the task's ServiceAccount (``children.service_account``) unless it exists."""
-    await _create_once(client.CoreV1Api().create_namespaced_service_account, body)
-
-
-async def ensure_network_policy(body: Manifest) -> None:
-    """Create the task's NetworkPolicy (``children.network_policy``) unless it exists."""
-    await _create_once(client.NetworkingV1Api().create_namespaced_network_policy, body)
+async def apply_network_policy(body: Manifest) -> None:
+    """The task's NetworkPolicy (``children.network_policy``) applied."""
+    meta = body["metadata"]
+    await _apply(
+        client.NetworkingV1Api().patch_namespaced_network_policy,
+        meta["name"], meta["namespace"], body=body,
+    )  # fmt: skip
 
 
 async def sandbox_api() -> SandboxApi | None:
@@ -212,7 +237,10 @@ async def ensure_pvc(body: Manifest) -> None:
     task_name = meta["labels"][crd.TASK_LABEL]
     existing = await get_pvc(namespace, name)
     if existing is None:
-        await _create_once(client.CoreV1Api().create_namespaced_persistent_volume_claim, body)
+        await _create(
+            lambda: client.CoreV1Api().create_namespaced_persistent_volume_claim(namespace, body),
+            namespace,
+        )
         return
     owners = existing.metadata.owner_references or []
     if not any(o.uid == owner["uid"] for o in owners):
@@ -282,6 +310,36 @@ async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | 
                 controller = next((o.uid for o in owners if o.controller), None)
                 found.append((str(pod.metadata.name), controller))
         return found
+
+    return await _in_thread(call)
+
+
+@dataclass(frozen=True)
+class TaskPod:
+    """A pod of a task's Sandbox, as far as a roll needs it."""
+
+    name: str
+    template: str | None
+    """Its ``crd.POD_TEMPLATE_ANNOTATION``: the hash of what it was made of (None on a pod
+    made before the operator wrote one)."""
+    terminating: bool
+
+
+async def task_pods(namespace: str, task: str) -> list[TaskPod]:
+    """The pods carrying task ``task``'s label in ``namespace``."""
+
+    def call() -> list[TaskPod]:
+        listed = client.CoreV1Api().list_namespaced_pod(
+            namespace, label_selector=f"{crd.TASK_LABEL}={task}"
+        )
+        return [
+            TaskPod(
+                str(pod.metadata.name),
+                (pod.metadata.annotations or {}).get(crd.POD_TEMPLATE_ANNOTATION),
+                pod.metadata.deletion_timestamp is not None,
+            )
+            for pod in listed.items
+        ]
 
     return await _in_thread(call)
 

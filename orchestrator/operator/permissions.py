@@ -103,7 +103,8 @@ PERMISSIONS: Final = (
                "kopf's resource scanning (list, watch); kube.sandbox_api and "
                "kube.snapshots_served read the Sandbox and VolumeSnapshot CRDs (get)"),
     Permission(crd.SANDBOX_GROUP, crd.SANDBOX_PLURAL, ("get", "list", "watch", "create", "patch"),
-               "kube.create_sandbox, kube.get_sandbox, kube.patch_sandbox (suspend, resume); "
+               "kube.apply_sandbox (server-side apply: create, patch), kube.get_sandbox, "
+               "kube.patch_sandbox (suspend, resume); "
                "handlers.child_changed watches them (list, watch); v1alpha1 or v1beta1 "
                "(RBAC does not tell versions apart)", Need.MANAGE_SANDBOX),
     Permission("", "persistentvolumeclaims", ("get", "list", "watch", "create", "patch"),
@@ -113,17 +114,20 @@ PERMISSIONS: Final = (
                "operator's delete", Need.MANAGE_SANDBOX),
     Permission("", "pods", ("list", "watch"),
                "kube.pods_mounting (restore.last_pod_on): no second daemon on a workspace "
-               "PVC a pod still mounts; handlers.child_changed watches them",
+               "PVC a pod still mounts; kube.task_pods: a pod made from another template "
+               "than the spec's is rolled; handlers.child_changed watches them",
                Need.MANAGE_SANDBOX),
     Permission("policy", "poddisruptionbudgets", ("create", "delete"),
                "kube.guard_against_eviction: the drain guard PDB while a drain runs",
                Need.MANAGE_SANDBOX),
-    Permission("", "serviceaccounts", ("create",),
-               "kube.ensure_service_account: the task's <task>-sa ServiceAccount its pod runs "
+    Permission("", "serviceaccounts", ("create", "patch"),
+               "kube.apply_service_account (server-side apply: create, patch): the task's "
+               "<task>-sa ServiceAccount its pod runs "
                "as (no token, no Role); it goes with the task by garbage collection",
                Need.MANAGE_SANDBOX),
-    Permission("networking.k8s.io", "networkpolicies", ("create",),
-               "kube.ensure_network_policy: the task's <task>-netpol (its pod reaches only "
+    Permission("networking.k8s.io", "networkpolicies", ("create", "patch"),
+               "kube.apply_network_policy (server-side apply: create, patch): the task's "
+               "<task>-netpol (its pod reaches only "
                "DNS, the broker and its Workspace's remotes); it goes with the task by "
                "garbage collection", Need.MANAGE_SANDBOX),
     Permission("", "secrets", ("create",),

@@ -289,19 +289,27 @@ def existing_sandbox_missing(p: TaskPass, name: str) -> None:
     p.set_condition("SandboxFound", False, "SandboxNotFound", message)
 
 
-async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> None:
+async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest:
     """The task's Sandbox, after the namespace's broker Secret its pod reads, its
-    ServiceAccount and its default-deny NetworkPolicy."""
+    ServiceAccount and its default-deny NetworkPolicy: each applied (server-side, by
+    field manager ``crd.FIELD_MANAGER``), so created, or made equal to the spec where
+    it is there already. The Sandbox as stored."""
     broker = p.settings.daemon_broker_url or p.settings.broker_url
     await kube.ensure_broker_secret(p.namespace, p.settings.daemon_broker_secret, broker)
-    await kube.ensure_service_account(children.service_account(p.name, p.namespace, p.owner()))
+    await kube.apply_service_account(children.service_account(p.name, p.namespace, p.owner()))
     try:
         ports = workspaces.egress_ports(spec.binding) if spec.binding else ()
         policy = children.network_policy(p.name, p.namespace, p.owner(), broker, ports)
     except ValueError as exc:  # a broker URL whose port cannot be told
         log.warning("network_policy_skipped reason=%r", str(exc))
     else:
-        await kube.ensure_network_policy(policy)
-    await kube.create_sandbox(
-        spec.sandbox_version, p.namespace, children.sandbox(p.task, spec, pvc_name, p.ctx.pod)
+        await kube.apply_network_policy(policy)
+    p.set_status(applied_generation=p.meta.get("generation"))
+    return await apply_sandbox(p, spec, pvc_name)
+
+
+async def apply_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest:
+    """The task's Sandbox applied as ``children.sandbox`` builds it from the spec."""
+    return await kube.apply_sandbox(
+        spec.sandbox_version, children.sandbox(p.task, spec, pvc_name, p.ctx.pod)
     )

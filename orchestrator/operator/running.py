@@ -15,6 +15,7 @@ from orchestrator.operator import (
     kube,
     provisioning,
     recovery,
+    rolling,
     scaling,
     suspended,
 )
@@ -152,6 +153,8 @@ async def while_running(p: TaskPass, spec: TaskSpec) -> None:
             return
         elif spec.agents != p.status.applied_agents:
             return  # a scale waits for a heartbeat from after the last operation
+        if await rolling.follow_spec(p, spec):
+            return  # the roll's drain is under way
         bridge = p.settings.heartbeat_gap_secs
         if should_idle_pause(spec, Phase.RUNNING, idle_report(fresh), p.now, bridge):
             await suspended.start_pause(p, spec, "idle")

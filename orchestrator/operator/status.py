@@ -55,6 +55,7 @@ class StatusWrite(TypedDict, total=False):
     idle_since: str | None
     paused_by: str | None
     pauses: int
+    rolls: int
     completions: int
     scales: int
     scaling: Scaling | None
@@ -67,6 +68,7 @@ class StatusWrite(TypedDict, total=False):
     last_suspend: bool
     failed_generation: int | None
     observed_generation: int | None
+    applied_generation: int | None
     drain_guard: bool
     last_operation: LastOperation
     conditions: list[Condition]
@@ -96,6 +98,7 @@ class TaskStatus(BaseModel):
     idle_since: str | None = None
     paused_by: str | None = None
     pauses: int | None = None
+    rolls: int | None = None
     completions: int | None = None
     scales: int | None = None
     scaling: Scaling | None = None
@@ -108,6 +111,7 @@ class TaskStatus(BaseModel):
     last_suspend: bool | None = None
     failed_generation: int | None = None
     observed_generation: int | None = None
+    applied_generation: int | None = None
     drain_guard: bool | None = None
     last_operation: LastOperation | None = None
     conditions: list[Condition] | None = None

@@ -16,8 +16,9 @@ from orchestrator.ledger import (
     OperationView,
 )
 from orchestrator.ledger.models import CHECKPOINTED_STATES
-from orchestrator.operator import kube, provisioning, snapshots
+from orchestrator.operator import kube, provisioning, rolling, snapshots
 from orchestrator.operator.lifecycle import (
+    ROLLED,
     Phase,
     Purpose,
     TaskSpec,
@@ -31,15 +32,13 @@ from orchestrator.operator.taskpass import (
     TaskPass,
     ledger_call,
 )
-from orchestrator.pipeline.start import DrainStart
 
 log = logging.getLogger(__name__)
 
 
 async def start_pause(p: TaskPass, spec: TaskSpec, paused_by: str) -> None:
     count = int(p.status.pauses or 0) + 1
-    await begin_drain(
-        p,
+    await p.begin_drain(
         spec,
         OperationKind.PAUSE,
         CheckpointReason.PAUSE,
@@ -48,26 +47,6 @@ async def start_pause(p: TaskPass, spec: TaskSpec, paused_by: str) -> None:
     p.set_status(pauses=count, paused_by=paused_by)
     why = "every agent idle" if paused_by == "idle" else "spec.lifecycle.suspend is true"
     p.set_phase(Phase.DRAINING, f"pausing: {why}; draining agents")
-
-
-async def begin_drain(
-    p: TaskPass, spec: TaskSpec, kind: OperationKind, reason: CheckpointReason, key: str
-) -> None:
-    """Begin the drain → record chain of a pause or a completion under ``key``; the
-    phase is the caller's to set."""
-    op = await p.ctx.drains.begin(
-        DrainStart(
-            p.namespace,
-            p.name,
-            task_uid=p.uid,
-            grace_secs=spec.drain_grace_secs,
-            kind=kind,
-            reason=reason,
-            pvc_name=p.pvc_name,
-            idempotency_key=key,
-        )
-    )
-    p.record_operation(op)
 
 
 async def suspend_checkpointed(p: TaskPass, spec: TaskSpec, ref: str, doing: str) -> bool:
@@ -141,6 +120,11 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
         return
     if wanted is not Wanted.RESUME:
         return
+    rolling_pod = p.status.paused_by == ROLLED
+    if rolling_pod and (waiting := await rolling.old_pod_going(p)) is not None:
+        p.set_status(message=waiting)
+        p.requeue = Requeue()  # the pod's going is an event
+        return
     ref = await checkpoint_to_resume(p)
     if p.settings.manage_sandbox:
         await kube.patch_sandbox(
@@ -151,6 +135,8 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
         )
     if ref:
         await p.start_resume(ref, operation_key(p.uid, Purpose.RESUME, ref))
+    if rolling_pod:
+        rolling.rolled(p, ref)
     p.set_status(paused_by=None, last_wake=wake)
     p.set_phase(Phase.RESUMING, f"resuming from checkpoint {ref}")
 

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 import kopf
 
-from orchestrator.ledger import ActivityView, OperationKind, OperationState, OperationView
+from orchestrator.ledger import (
+    ActivityView,
+    CheckpointReason,
+    OperationKind,
+    OperationState,
+    OperationView,
+)
 from orchestrator.operator import crd
 from orchestrator.operator.children import TaskRef
 from orchestrator.operator.crd import Manifest
@@ -38,6 +44,7 @@ from orchestrator.operator.lifecycle import (
 from orchestrator.operator.pacing import Heartbeat, Requeue, heartbeat_of, newer
 from orchestrator.operator.status import LastOperation, StatusWrite, TaskStatus, aliased
 from orchestrator.pipeline import start as pipeline
+from orchestrator.pipeline.start import DrainStart
 from worker_agent.logformat import bind_log_context, set_log_context
 
 log = logging.getLogger(__name__)
@@ -192,6 +199,26 @@ class TaskPass:
     def record_operation(self, op: OperationView) -> None:
         self.set_status(last_operation=operation_status(op))
         bind_log_context(operation_id=op.id)
+
+    async def begin_drain(
+        self, spec: TaskSpec, kind: OperationKind, reason: CheckpointReason, key: str
+    ) -> None:
+        """Begin the drain → record chain of a pause, a roll or a completion under
+        ``key`` (batched with other tasks' by ``ctx.drains``), on its status; the phase
+        is the caller's to set."""
+        op = await self.ctx.drains.begin(
+            DrainStart(
+                self.namespace,
+                self.name,
+                task_uid=self.uid,
+                grace_secs=spec.drain_grace_secs,
+                kind=kind,
+                reason=reason,
+                pvc_name=self.pvc_name,
+                idempotency_key=key,
+            )
+        )
+        self.record_operation(op)
 
     async def start_resume(
         self,

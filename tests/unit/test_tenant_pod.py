@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.devcluster import schema
 from orchestrator.operator import crd
-from orchestrator.operator.children import PodSettings, TaskRef, sandbox
+from orchestrator.operator.children import PodSettings, TaskRef, pod_template_hash, sandbox
 from orchestrator.operator.lifecycle import SpecError, TaskSpec, admit_spec, parse_spec
 from orchestrator.operator.workspace import resolve
 from orchestrator.settings import Settings
@@ -155,7 +155,10 @@ def test_what_the_allow_list_takes_reaches_the_pod_and_ours_still_wins() -> None
     pod = sandbox_of(parse_spec(pruned["spec"]))["spec"]["podTemplate"]
     assert pod["metadata"]["labels"]["team"] == "a"
     assert pod["metadata"]["labels"][crd.TASK_LABEL] == "demo"
-    assert pod["metadata"]["annotations"] == {"cost-centre": "42"}
+    assert pod["metadata"]["annotations"] == {
+        "cost-centre": "42",
+        crd.POD_TEMPLATE_ANNOTATION: pod_template_hash(pod),
+    }
     assert pod["spec"]["nodeSelector"] == {"pool": "agents"}
     assert pod["spec"]["affinity"] == ALLOWED["spec"]["affinity"]
     assert pod["spec"]["tolerations"] == ALLOWED["spec"]["tolerations"]

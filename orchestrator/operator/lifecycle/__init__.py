@@ -68,7 +68,7 @@ from orchestrator.operator.lifecycle.deletion import (
     retries_failure,
 )
 from orchestrator.operator.lifecycle.keys import Purpose, operation_key
-from orchestrator.operator.lifecycle.phase import CREATED_SUSPENDED, Phase
+from orchestrator.operator.lifecycle.phase import CREATED_SUSPENDED, ROLLED, Phase
 from orchestrator.operator.lifecycle.readiness import READY, readiness
 from orchestrator.operator.lifecycle.sandboxes import (
     SandboxApi,
@@ -130,6 +130,7 @@ __all__ = [
     "RECOVERY_BACKOFF_SECS",
     "RECOVERY_STREAK_RESET_SECS",
     "RESERVED_ENV",
+    "ROLLED",
     "AgentCounts",
     "Availability",
     "AvailabilityDecision",

@@ -32,6 +32,9 @@ class Purpose(StrEnum):
     SCALE = "scale"
     """Following a changed ``spec.task.agents``: one per change, numbered by
     ``status.scales``."""
+    ROLL = "roll"
+    """A roll's drain (a spec edit that changes the pod): one per roll, numbered by
+    ``status.rolls``."""
     COMPLETE = "complete"
     """Recording the checkpoint of a task whose agents all finished their work: one per
     attempt, numbered by ``status.completions`` (a failed attempt is tried again under
@@ -39,7 +42,7 @@ class Purpose(StrEnum):
 
 
 _REPEATING = frozenset(
-    {Purpose.PAUSE, Purpose.RESUME, Purpose.RECOVER, Purpose.SCALE, Purpose.COMPLETE}
+    {Purpose.PAUSE, Purpose.ROLL, Purpose.RESUME, Purpose.RECOVER, Purpose.SCALE, Purpose.COMPLETE}
 )
 
 

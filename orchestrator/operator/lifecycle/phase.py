@@ -20,3 +20,7 @@ class Phase(StrEnum):
 CREATED_SUSPENDED: Final = "created-suspended"
 """``status.pausedBy`` of a task created with ``spec.lifecycle.suspend: true``: it never
 started, so it has no checkpoint to resume from (beside ``idle`` and ``manual``)."""
+
+ROLLED: Final = "roll"
+"""``status.pausedBy`` of a task paused to roll its pod (a spec edit changed what the pod
+is made of): it resumes on a new pod as soon as the old one is gone."""

@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from orchestrator.ledger import ActivityView
-from orchestrator.operator.lifecycle.phase import CREATED_SUSPENDED, Phase
+from orchestrator.operator.lifecycle.phase import CREATED_SUSPENDED, ROLLED, Phase
 from orchestrator.operator.lifecycle.spec import TaskSpec
 
 
@@ -80,8 +80,8 @@ class Wanted(StrEnum):
     """A task created suspended is un-suspended: provision it as a new task would be (its
     initial agents, or the restore of ``spec.resumeFrom``)."""
     ADOPT = "adopt"
-    """An idle-paused task whose spec now says ``suspend: true``: the spec holds it from
-    here on (``pausedBy: manual``), so ``suspend: false`` is what resumes it."""
+    """An idle-paused (or rolling) task whose spec now says ``suspend: true``: the spec
+    holds it from here on (``pausedBy: manual``), so ``suspend: false`` resumes it."""
     WAKE_HELD = "wake-held"
     """A new wake annotation value on a task the spec holds (``suspend: true``): the
     spec wins, and the wake is spent with a Warning event saying what to set."""
@@ -114,7 +114,9 @@ def wanted_transition(
     (``WAKE_HELD``), never silently dropped, and an idle-paused task is adopted by the
     spec (``ADOPT``), so the ``suspend: false`` that follows resumes it. With
     ``suspend: false``, a task paused by the spec resumes, and an idle-paused one
-    resumes on a new wake value.
+    resumes on a new wake value. A pause that rolls the pod (``ROLLED``) resumes at
+    once, unless the spec says ``suspend: true`` by then: it is adopted, as an idle
+    pause is.
     """
     fresh_wake = bool(wake_value) and wake_value != last_wake
     if phase in (None, Phase.PENDING):
@@ -126,12 +128,12 @@ def wanted_transition(
             return Wanted.NOTHING
         if fresh_wake:
             return Wanted.WAKE_HELD
-        return Wanted.ADOPT if paused_by == "idle" else Wanted.NOTHING
+        return Wanted.ADOPT if paused_by in ("idle", ROLLED) else Wanted.NOTHING
     if phase != Phase.SUSPENDED:
         return Wanted.NOTHING
     if paused_by == CREATED_SUSPENDED:
         return Wanted.START
-    if paused_by == "manual":
+    if paused_by in ("manual", ROLLED):
         return Wanted.RESUME
     if fresh_wake:
         return Wanted.RESUME
