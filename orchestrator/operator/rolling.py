@@ -18,7 +18,7 @@ from __future__ import annotations
 import kopf
 
 from orchestrator.ledger import CheckpointReason, OperationKind
-from orchestrator.operator import children, kube, provisioning
+from orchestrator.operator import crd, kube, provisioning
 from orchestrator.operator.lifecycle import ROLLED, Phase, Purpose, TaskSpec, operation_key
 from orchestrator.operator.taskpass import TaskPass
 
@@ -34,11 +34,15 @@ async def follow_spec(p: TaskPass, spec: TaskSpec) -> bool:
         applied = await provisioning.apply_sandbox(p, spec, p.pvc_name)
     provisioning.reflect_sandbox(p, applied)
     template = (applied.get("spec") or {}).get("podTemplate") or {}
-    wanted = children.pod_template_hash(template)
+    # The hash the operator wrote (of the template it built), not one of the stored
+    # template, which the API's defaults may have filled in.
+    wanted = ((template.get("metadata") or {}).get("annotations") or {}).get(
+        crd.POD_TEMPLATE_ANNOTATION
+    )
     stale = [
         pod
         for pod in await kube.task_pods(p.namespace, p.name)
-        if not pod.terminating and pod.template is not None and pod.template != wanted
+        if not pod.terminating and None not in (pod.template, wanted) and pod.template != wanted
     ]
     if not stale:
         p.set_condition("PodCurrent", True, "Current", f"the pod is made from the spec ({wanted})")
@@ -47,7 +51,7 @@ async def follow_spec(p: TaskPass, spec: TaskSpec) -> bool:
     return True
 
 
-async def start_roll(p: TaskPass, spec: TaskSpec, pod: kube.TaskPod, wanted: str) -> None:
+async def start_roll(p: TaskPass, spec: TaskSpec, pod: kube.TaskPod, wanted: str | None) -> None:
     """Drain the agents of ``pod`` (made from template ``pod.template``) into a
     checkpoint, as a pause does; the pause ends in a new pod (``suspended``)."""
     count = int(p.status.rolls or 0) + 1

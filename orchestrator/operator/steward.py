@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import random
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import cast
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from orchestrator import metrics
 from orchestrator.operator import crd, kube, permissions, reconcile
@@ -174,7 +176,14 @@ async def wait_for_work(wake: asyncio.Event, stopped: kopf.DaemonStopped, secs: 
 
 
 def _one_line(exc: BaseException) -> str:
-    """What failed, on one line: the exception's type and the first line of its text."""
+    """What failed, on one line: the exception's type and the first line of its text; for
+    a refusal of the API, its status and the message of its Status body."""
+    if isinstance(exc, ApiException):
+        try:
+            said = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            said = None
+        return f"ApiException: ({exc.status}) {exc.reason}: {str(said or '')[:300]}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 

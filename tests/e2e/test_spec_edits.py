@@ -1,0 +1,153 @@
+"""A running task's spec edits reach its pod, with the real kubectl against the dev
+stack's embedded defaults: an edit of what the pod is made of (here its env) rolls it
+(drain → checkpoint → new pod made from the spec → every agent continues from its
+turns), an edit of what the daemon takes without a new pod rolls nothing, and a hand
+edit of the task's Sandbox is undone by the operator's server-side apply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.operator import crd
+from tests.e2e.support import DevStack, embedded_stack, task_manifest
+from tests.support import wait_until
+from worker_agent import layout
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    with embedded_stack("cd-spec-edits-") as dev:
+        yield dev
+        assert dev.ledger_contradictions() == []
+        assert dev.audit_findings() == []
+
+
+def patch_task(stack: DevStack, name: str, spec: dict[str, Any]) -> None:
+    body = json.dumps({"spec": spec})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+
+
+def task_pod(stack: DevStack, name: str) -> dict[str, Any] | None:
+    listed = stack.kubectl(
+        "get", "pods", "-n", "default", "-l", f"{crd.TASK_LABEL}={name}", "-o", "json"
+    ).stdout
+    live = [p for p in json.loads(listed)["items"] if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if len(live) == 1 else None
+
+
+def condition(stack: DevStack, name: str, kind: str) -> dict[str, Any]:
+    conditions = stack.status("default", name).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def daemon_environ(stack: DevStack, pvc: str) -> list[str]:
+    environs = []
+    for pid in stack.daemon_pids(pvc):
+        try:
+            variables = psutil.Process(pid).environ()
+            environs.append("\n".join(f"{k}={v}" for k, v in variables.items()))
+        except psutil.Error:
+            continue
+    return environs
+
+
+def transcripts(stack: DevStack, pvc: str) -> list[Path]:
+    return [layout.transcript_file(d) for d in stack.agent_dirs("default", pvc)]
+
+
+def test_an_env_edit_rolls_the_pod_and_every_agent_continues_from_its_turns(
+    stack: DevStack,
+) -> None:
+    name = "rolled"
+    assert (
+        stack.apply(task_manifest(name, agents=2, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 2, at_least=2)
+    before = wait_until(lambda: task_pod(stack, name), 60, "the task's pod")
+    old_template = before["metadata"]["annotations"][crd.POD_TEMPLATE_ANNOTATION]
+    wait_until(
+        lambda: condition(stack, name, "PodCurrent").get("status") == "True", 60,
+        "PodCurrent True on the running task",
+    )  # fmt: skip
+
+    patch_task(stack, name, {"task": {"env": [{"name": "ROLL_MARK", "value": "edited"}]}})
+    rolling = wait_until(
+        lambda: [e for e in stack.events_of(name) if e["reason"] == "Rolling"], 60,
+        "the Rolling event",
+    )  # fmt: skip
+    assert old_template in rolling[0]["message"], rolling
+    at_drain = stack.turns_on_disk(pvc)
+    done = wait_until(
+        lambda: (s := stack.status("default", name)).get("phase") == "Running"
+        and s.get("pausedBy") is None and condition(stack, name, "PodCurrent").get("reason")
+        in ("Rolled", "Current") and s,
+        180, "the task to run again on a new pod",
+    )  # fmt: skip
+    assert done["rolls"] == 1
+    assert [e["reason"] for e in stack.events_of(name) if e["reason"] == "Rolled"] == ["Rolled"]
+    after = wait_until(lambda: task_pod(stack, name), 60, "the new pod")
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["metadata"]["annotations"][crd.POD_TEMPLATE_ANNOTATION] != old_template
+    wait_until(
+        lambda: any("ROLL_MARK=edited" in e for e in daemon_environ(stack, pvc)), 60,
+        "the new pod's daemon to run with the edited env",
+    )  # fmt: skip
+    # Every agent continues where the roll's checkpoint left it, at turns + 1.
+    assert len(at_drain) == 2
+    wait_until(
+        lambda: all('"resumed_from"' in t.read_text() for t in transcripts(stack, pvc)), 60,
+        "every agent to resume",
+    )  # fmt: skip
+    stack.wait_turns(pvc, 2, at_least=min(at_drain.values()) + 1)
+    checkpoint = done["checkpointRef"]
+    roll_ops = [
+        op for op in stack.ledger.list_operations("default", name)
+        if op.idempotency_key.endswith(":roll:1")
+    ]  # fmt: skip
+    assert [op.checkpoint_ref for op in roll_ops] == [checkpoint], roll_ops
+
+
+def test_an_edit_the_daemon_takes_rolls_nothing_and_a_hand_edit_is_undone(
+    stack: DevStack,
+) -> None:
+    name = "kept"
+    assert stack.apply(task_manifest(name, agents=1)).returncode == 0
+    stack.wait_phase("default", name, "Running", timeout=120)
+    before = wait_until(lambda: task_pod(stack, name), 60, "the task's pod")
+    stack.watch_passes(name, 2)  # drainGracePeriod edits: the daemon's arguments
+    patch_task(stack, name, {"task": {"prompt": "another prompt"}})
+    stack.watch_passes(name, 1)
+    sandbox = crd.sandbox_name(name)
+    hand = {"spec": {"podTemplate": {"metadata": {"labels": {"hand": "edit"}}}}}
+    stack.kubectl(
+        "patch", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "--type=merge",
+        "-p", json.dumps(hand),
+    )  # fmt: skip
+    stack.watch_passes(name, 1)
+    wait_until(
+        lambda: "hand" not in json.loads(stack.kubectl(
+            "get", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "-o",
+            "jsonpath={.spec.podTemplate.metadata.labels}",
+        ).stdout or "{}"),
+        60, "the operator's apply to undo the hand edit",
+    )  # fmt: skip
+    managers = stack.kubectl(
+        "get", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "-o",
+        "jsonpath={.metadata.managedFields[*].manager}", "--show-managed-fields",
+    ).stdout.split()  # fmt: skip
+    assert crd.FIELD_MANAGER in managers, managers
+    status = stack.status("default", name)
+    assert status.get("rolls") is None and status["phase"] == "Running", status
+    after = task_pod(stack, name)
+    assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert not [e for e in stack.events_of(name) if e["reason"] == "Rolling"]
