@@ -123,7 +123,9 @@ def _writer(request: kmock.Request, *, apply: bool = False) -> Writer:
     if not manager and not apply:
         agent = _header(request.headers, "User-Agent").split("/")[0]
         manager = "".join(ch for ch in agent if ch.isprintable())[:128]
-    return Writer(manager, force=request.params.get("force") == "true")
+    # The server parses booleans as Go's strconv.ParseBool does; the Python client sends "True".
+    force = request.params.get("force") in ("1", "t", "T", "TRUE", "true", "True")
+    return Writer(manager, force=force)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
