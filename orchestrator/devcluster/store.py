@@ -9,8 +9,9 @@ metadata (``uid``, ``creationTimestamp``, ``generation`` bumped by spec changes 
 ``ownerReferences`` (a dependent goes with its owner unless the reference was dropped
 first, which is how a PVC is retained; ``Orphan`` keeps dependents, and ``Foreground``
 is treated as ``Background``); namespaces and CRDs that empty themselves before
-they go; CRD schemas; and a log of watch events so a watch can resume from the
-``resourceVersion`` of a list.
+they go; CRD schemas; field ownership (``metadata.managedFields`` recorded for every
+write, server-side apply with its conflicts: ``managed_fields``); and a log of watch
+events so a watch can resume from the ``resourceVersion`` of a list.
 
 Objects live in kmock's :class:`kmock.ObjectsArray` (the emulator's ``objects``), keyed
 by their storage resource, so kmock's assertions (``objects[res, ns, name].history``)
