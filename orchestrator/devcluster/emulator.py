@@ -58,7 +58,7 @@ from orchestrator.devcluster import (
 )
 from orchestrator.devcluster.resources import ResourceRegistry, ServedResource
 from orchestrator.devcluster.selectors import is_watch
-from orchestrator.devcluster.store import ClusterState, WatchQuery
+from orchestrator.devcluster.store import ClusterState, WatchQuery, Writer
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,19 @@ def _action(address: Address | None, method: str, query: Mapping[str, str]) -> k
         "DELETE": kmock.action.DELETE,
     }
     return actions.get(method)
+
+
+def _writer(request: kmock.Request, *, apply: bool = False) -> Writer:
+    """The field manager of a write: the ``fieldManager`` parameter, else (except for an
+    apply, which must name one) the User-Agent's product, as a real server derives it:
+    ``kubectl`` from ``kubectl/v1.32.4 (linux/amd64) kubernetes/…``."""
+    manager = request.params.get("fieldManager", "")
+    if not manager and not apply:
+        agent = _header(request.headers, "User-Agent").split("/")[0]
+        manager = "".join(ch for ch in agent if ch.isprintable())[:128]
+    # The server parses booleans as Go's strconv.ParseBool does; the Python client sends "True".
+    force = request.params.get("force") in ("1", "t", "T", "TRUE", "true", "True")
+    return Writer(manager, force=force)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -410,6 +423,7 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
                 request.namespace,
                 request.data,
                 field_validation=self._field_validation(request),
+                writer=_writer(request),
             )
             return _json(created, 201, warnings=warnings)
         if method == "PUT" and request.name is not None:
@@ -420,6 +434,7 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
                 request.data,
                 subresource=subresource,
                 field_validation=self._field_validation(request),
+                writer=_writer(request),
             )
             return _json(replaced, 200, warnings=warnings)
         if method == "PATCH" and request.name is not None:
@@ -445,6 +460,7 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
             patch,
             subresource=request.subresource,
             field_validation=self._field_validation(request),
+            writer=_writer(request, apply=content_type == patching.APPLY_PATCH),
         )
         return _json(obj, 201 if created else 200, warnings=warnings)
 

@@ -11,11 +11,13 @@
   volumes, conditions, ownerReferences, ...), finalizers merge as a set, and the
   ``$patch``, ``$retainKeys``, ``$deleteFromPrimitiveList`` and ``$setElementOrder``
   directives are honoured (the last only by being dropped).
-- ``application/apply-patch+yaml`` (server-side apply) is approximated as a merge patch
-  of the applied configuration: no field ownership, no conflicts.
+- ``application/apply-patch+yaml`` (server-side apply) is decoded here and applied by
+  :mod:`~orchestrator.devcluster.managed_fields`: field managers, ``managedFields``,
+  conflicts, and fields an applier stops setting removed. The merge-key table below is
+  also what it merges the built-ins' lists by.
 
 Pure functions; ``store`` calls :func:`apply_patch` and does the rest (status
-subresource, resourceVersion, generation).
+subresource, resourceVersion, generation, managedFields).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 PATCH_TYPES = (MERGE_PATCH, JSON_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
 
-# Lists merged by a key in strategic merge patches, by field name (see the module doc).
-_MERGE_KEYS = {
+# Lists merged by a key in strategic merge patches and server-side apply, by field name
+# (see the module doc).
+MERGE_KEYS = {
     "containers": "name",
     "initContainers": "name",
     "ephemeralContainers": "name",
@@ -51,7 +54,7 @@ _MERGE_KEYS = {
     "hostAliases": "ip",
 }
 # Lists of scalars merged as sets.
-_MERGED_SETS = {"finalizers"}
+MERGED_SETS = frozenset({"finalizers"})
 
 
 class PatchError(ValueError):
@@ -84,8 +87,10 @@ def apply_patch(current: Mapping[str, Any], content_type: str, patch: Any) -> di
         raise PatchError(f"a {content_type} body must be a JSON object")
     elif content_type == STRATEGIC_MERGE_PATCH:
         result = strategic_merge(base, patch)
-    else:  # merge patch, and server-side apply approximated by it
+    elif content_type == MERGE_PATCH:
         result = merge_patch(base, patch)
+    else:
+        raise ValueError(f"{content_type} is applied by managed_fields.applied")
     if not isinstance(result, dict):
         raise PatchError("the patched object is not a JSON object")
     return result
@@ -127,10 +132,10 @@ def strategic_merge(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict
             else:
                 base = current if isinstance(current, Mapping) else {}
                 result[key] = strategic_merge(base, value)
-        elif isinstance(value, list) and key in _MERGED_SETS and isinstance(current, list):
+        elif isinstance(value, list) and key in MERGED_SETS and isinstance(current, list):
             result[key] = current + [v for v in value if v not in current]
-        elif isinstance(value, list) and _MERGE_KEYS.get(key) and isinstance(current, list):
-            result[key] = _merge_keyed_list(current, value, _MERGE_KEYS[key] or "")
+        elif isinstance(value, list) and MERGE_KEYS.get(key) and isinstance(current, list):
+            result[key] = _merge_keyed_list(current, value, MERGE_KEYS[key] or "")
         else:
             result[key] = _without_directives(value)
     for key, removed in deletions.items():

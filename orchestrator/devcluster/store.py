@@ -9,8 +9,9 @@ metadata (``uid``, ``creationTimestamp``, ``generation`` bumped by spec changes 
 ``ownerReferences`` (a dependent goes with its owner unless the reference was dropped
 first, which is how a PVC is retained; ``Orphan`` keeps dependents, and ``Foreground``
 is treated as ``Background``); namespaces and CRDs that empty themselves before
-they go; CRD schemas; and a log of watch events so a watch can resume from the
-``resourceVersion`` of a list.
+they go; CRD schemas; field ownership (``metadata.managedFields`` recorded for every
+write, server-side apply with its conflicts: ``managed_fields``); and a log of watch
+events so a watch can resume from the ``resourceVersion`` of a list.
 
 Objects live in kmock's :class:`kmock.ObjectsArray` (the emulator's ``objects``), keyed
 by their storage resource, so kmock's assertions (``objects[res, ns, name].history``)
@@ -37,7 +38,15 @@ from typing import Any
 
 import kmock
 
-from orchestrator.devcluster import conversion, errors, patching, resources, schema, selectors
+from orchestrator.devcluster import (
+    conversion,
+    errors,
+    managed_fields,
+    patching,
+    resources,
+    schema,
+    selectors,
+)
 from orchestrator.devcluster.resources import ResourceKey, ServedResource
 from worker_agent.k8s_names import is_dns_label, is_dns_subdomain
 
@@ -66,6 +75,20 @@ class Snapshot:
 class SnapshotError(ValueError):
     """A snapshot cannot be restored (an object of a resource nothing serves, a CRD that
     no longer registers); the message names the object."""
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who makes a write, as ``metadata.managedFields`` records it: the field manager
+    (the ``fieldManager`` parameter, or the User-Agent's product), and for server-side
+    apply whether it takes fields other managers own (``force``)."""
+
+    manager: str
+    force: bool = False
+
+
+SERVER = Writer("kube-apiserver")
+"""The API server itself: the namespaces and CRDs it seeds."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +185,10 @@ class ClusterState:
         body: Any,
         *,
         field_validation: str = "Ignore",
+        writer: Writer = SERVER,
+        applied: Mapping[str, Any] | None = None,
     ) -> tuple[Obj, list[str]]:
+        """``applied``: the object is created by server-side apply of this configuration."""
         if not isinstance(body, Mapping):
             raise errors.bad_request("the request body must be a JSON object")
         obj = copy.deepcopy(dict(body))
@@ -179,6 +205,7 @@ class ClusterState:
         if resource.status_subresource:
             obj.pop("status", None)  # status is the controllers' to write, never a creator's
         obj, warnings = self._apply_schema(resource, obj, name, field_validation)
+        self._record_create(resource, obj, writer, applied)
         stored = resource.to_storage(obj)
         key = self._key(storage, namespace, name)
         if self._live(key) is not None:
@@ -207,12 +234,19 @@ class ClusterState:
         *,
         subresource: str | None = None,
         field_validation: str = "Ignore",
+        writer: Writer = SERVER,
     ) -> tuple[Obj, list[str]]:
         if not isinstance(body, Mapping):
             raise errors.bad_request("the request body must be a JSON object")
         replacement = copy.deepcopy(dict(body))
         return self._update(
-            resource, namespace, name, subresource, lambda _: replacement, field_validation
+            resource,
+            namespace,
+            name,
+            subresource,
+            lambda _: (replacement, None),
+            field_validation,
+            writer,
         )
 
     def patch(
@@ -225,28 +259,106 @@ class ClusterState:
         *,
         subresource: str | None = None,
         field_validation: str = "Ignore",
+        writer: Writer = SERVER,
     ) -> tuple[Obj, list[str], bool]:
         """Returns the object, warnings, and whether it was created (server-side apply)."""
-        storage = self.registry.storage_of(resource)
-        key = self._key(storage, namespace, name)
-        if content_type == patching.APPLY_PATCH and self._live(key) is None and not subresource:
-            if not isinstance(patch, Mapping):
-                raise errors.bad_request("the apply configuration must be an object")
-            body = patching.merge_patch({}, patch)
-            body.setdefault("metadata", {})["name"] = name
-            created, warnings = self.create(
-                resource, namespace, body, field_validation=field_validation
+        if content_type == patching.APPLY_PATCH:
+            return self._apply(
+                resource, namespace, name, patch, subresource, field_validation, writer
             )
-            return created, warnings, True
+        if writer.force:
+            cause = schema.FieldError(
+                "force",
+                "FieldValueForbidden",
+                "Forbidden: may not be specified for non-apply patch",
+            )
+            raise errors.invalid("PatchOptions", "meta.k8s.io", "", [cause])
 
-        def patched(current: Obj) -> Obj:
+        def patched(current: Obj) -> tuple[Obj, None]:
             try:
-                return patching.apply_patch(current, content_type, patch)
+                return patching.apply_patch(current, content_type, patch), None
             except patching.PatchError as exc:
                 raise errors.api_error(422, "Invalid", str(exc)) from exc
 
         obj, warnings = self._update(
-            resource, namespace, name, subresource, patched, field_validation
+            resource, namespace, name, subresource, patched, field_validation, writer
+        )
+        return obj, warnings, False
+
+    def _apply(
+        self,
+        resource: ServedResource,
+        namespace: str | None,
+        name: str,
+        config: Any,
+        subresource: str | None,
+        field_validation: str,
+        writer: Writer,
+    ) -> tuple[Obj, list[str], bool]:
+        """Server-side apply of ``config`` by ``writer`` (see ``managed_fields``); an
+        object that does not exist is created from it."""
+        if not writer.manager:
+            cause = schema.FieldError(
+                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch"
+            )
+            raise errors.invalid("PatchOptions", "meta.k8s.io", "", [cause])
+        if not isinstance(config, Mapping):
+            raise errors.bad_request("the apply configuration must be an object")
+        if config.get("apiVersion") != resource.api_version:
+            api_version = str(config.get("apiVersion") or "")
+            raise errors.bad_request(
+                "Incorrect version specified in apply patch. Specified patch version: "
+                f"{api_version}, expected: {resource.api_version}"
+            )
+        if config.get("kind") != resource.kind:
+            group, _, version = resource.api_version.rpartition("/")
+            raise errors.bad_request(
+                f"invalid object type: {group}/{version}, Kind={config.get('kind') or ''}"
+            )
+        meta = config.get("metadata")
+        if isinstance(meta, Mapping) and meta.get("managedFields") is not None:
+            raise errors.bad_request("metadata.managedFields must be nil")
+        storage = self.registry.storage_of(resource)
+        if self._live(self._key(storage, namespace, name)) is None and not subresource:
+            body = managed_fields.merge({}, config, managed_fields.root_shape(resource.schema))
+            body.setdefault("metadata", {})["name"] = name
+            created, warnings = self.create(
+                resource,
+                namespace,
+                body,
+                field_validation=field_validation,
+                writer=writer,
+                applied=config,
+            )
+            return created, warnings, True
+        shape = managed_fields.root_shape(resource.schema)
+        ignored = managed_fields.ignored_paths(
+            subresource=subresource, status_subresource=resource.status_subresource
+        )
+
+        def applied(current: Obj) -> tuple[Obj, list[managed_fields.Entry]]:
+            meta = current.setdefault("metadata", {})
+            entries = managed_fields.decode(meta.pop("managedFields", None)) or []
+            try:
+                return managed_fields.applied(
+                    entries,
+                    current,
+                    config,
+                    shape,
+                    manager=writer.manager,
+                    api_version=resource.api_version,
+                    subresource=subresource,
+                    time=now_timestamp(),
+                    force=writer.force,
+                    ignored=ignored,
+                )
+            except managed_fields.ApplyConflict as exc:
+                raise errors.api_error(
+                    409, "Conflict", exc.message, {"causes": exc.causes()}
+                ) from exc
+
+        obj, warnings = self._update(
+            resource, namespace, name, subresource, applied, field_validation, writer
         )
         return obj, warnings, False
 
@@ -649,27 +761,100 @@ class ClusterState:
         namespace: str | None,
         name: str,
         subresource: str | None,
-        make_candidate: Callable[[Obj], Obj],
+        make_candidate: Callable[[Obj], tuple[Obj, list[managed_fields.Entry] | None]],
         field_validation: str,
+        writer: Writer,
     ) -> tuple[Obj, list[str]]:
+        """``make_candidate`` returns the object the write asks for and, for an apply,
+        the managedFields entries it leaves (otherwise they follow from the change)."""
         storage = self.registry.storage_of(resource)
         key = self._key(storage, namespace, name)
         stored = self._live(key)
         if stored is None:
             raise errors.not_found(resource, name)
         current = resource.to_served(stored)
-        candidate = make_candidate(copy.deepcopy(current))
+        candidate, entries = make_candidate(copy.deepcopy(current))
         if not isinstance(candidate, dict) or not isinstance(candidate.get("metadata", {}), dict):
             raise errors.bad_request("the object must be a JSON object with object metadata")
         self._check_identity(resource, name, current, candidate)
         new = self._compose(resource, current, candidate, subresource)
         new, warnings = self._apply_schema(resource, new, name, field_validation)
+        if entries is None:
+            entries = self._updated_entries(resource, current, candidate, new, subresource, writer)
+        _set_entries(new, entries)
         self._check_finalizers(resource, name, current, new)
         if storage.key == resources.CRDS and not new["metadata"].get("deletionTimestamp"):
             self._serve_crd(new)
         result = self._commit_update(storage, key, stored, resource.to_storage(new))
         self._settle()
         return resource.to_served(result), warnings
+
+    def _record_create(
+        self,
+        resource: ServedResource,
+        obj: Obj,
+        writer: Writer,
+        applied: Mapping[str, Any] | None,
+    ) -> None:
+        """Set the managedFields of a new object: the applier's configuration, or what
+        the creator set (after any the client sent, as a real server takes them)."""
+        shape = managed_fields.root_shape(resource.schema)
+        ignored = managed_fields.ignored_paths(
+            subresource=None, status_subresource=resource.status_subresource
+        )
+        meta = obj["metadata"]
+        sent = meta.pop("managedFields", None)
+        if applied is not None:
+            fields = frozenset(
+                p for p in managed_fields.field_set(applied, shape) if not ignored(p)
+            )
+            entry = managed_fields.Entry(
+                writer.manager, managed_fields.APPLY, resource.api_version, now_timestamp(), fields
+            )
+            entries = [entry] if fields else []
+        else:
+            entries = managed_fields.updated(
+                managed_fields.requested_entries(None, sent, subresource=None),
+                {},
+                obj,
+                shape,
+                manager=writer.manager,
+                api_version=resource.api_version,
+                subresource=None,
+                time=now_timestamp(),
+                ignored=ignored,
+            )
+        _set_entries(obj, entries)
+
+    def _updated_entries(
+        self,
+        resource: ServedResource,
+        current: Obj,
+        candidate: Obj,
+        new: Obj,
+        subresource: str | None,
+        writer: Writer,
+    ) -> list[managed_fields.Entry]:
+        """The managedFields after a write that is not an apply: the writer owns what it
+        changed (see ``managed_fields.updated``)."""
+        before = copy.deepcopy(current)
+        live = before["metadata"].pop("managedFields", None)
+        after = copy.deepcopy(new)
+        after["metadata"].pop("managedFields", None)
+        sent = (candidate.get("metadata") or {}).get("managedFields")
+        return managed_fields.updated(
+            managed_fields.requested_entries(live, sent, subresource=subresource),
+            before,
+            after,
+            managed_fields.root_shape(resource.schema),
+            manager=writer.manager,
+            api_version=resource.api_version,
+            subresource=subresource,
+            time=now_timestamp(),
+            ignored=managed_fields.ignored_paths(
+                subresource=subresource, status_subresource=resource.status_subresource
+            ),
+        )
 
     def _check_identity(
         self, resource: ServedResource, name: str, current: Obj, candidate: Obj
@@ -915,6 +1100,14 @@ class ClusterState:
         self._emptying.discard(key)
         self._commit_update(storage, key, container, new)
         return True
+
+
+def _set_entries(obj: Obj, entries: list[managed_fields.Entry]) -> None:
+    meta = obj.setdefault("metadata", {})
+    if entries:
+        meta["managedFields"] = managed_fields.encode(entries)
+    else:
+        meta.pop("managedFields", None)
 
 
 def _spec_of(obj: Mapping[str, Any], storage: ServedResource) -> dict[str, Any]:
