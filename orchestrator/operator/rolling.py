@@ -18,37 +18,56 @@ from __future__ import annotations
 import kopf
 
 from orchestrator.ledger import CheckpointReason, OperationKind
-from orchestrator.operator import crd, kube, provisioning
+from orchestrator.operator import children, crd, kube, provisioning
 from orchestrator.operator.lifecycle import ROLLED, Phase, Purpose, TaskSpec, operation_key
 from orchestrator.operator.taskpass import TaskPass
 
 
 async def follow_spec(p: TaskPass, spec: TaskSpec) -> bool:
-    """Apply the task's children from its spec; True when its pod is stale and a roll
+    """Keep the task's children equal to its spec; True when its pod is stale and a roll
     has begun (the pass then waits for its drain)."""
     if not p.settings.manage_sandbox or spec.sandbox_name is not None:
         return False  # a Sandbox the task was given is the user's to change
+    live = await kube.get_sandbox(spec.sandbox_version, p.namespace, p.sandbox_of(spec))
+    if live is None:
+        return False  # gone under the task: its daemon's silence brings it back (running)
+    wanted = children.sandbox(p.task, spec, p.pvc_name, p.ctx.pod)
     if p.meta.get("generation") != p.status.applied_generation:
-        applied = await provisioning.create_sandbox(p, spec, p.pvc_name)
-    else:
-        applied = await provisioning.apply_sandbox(p, spec, p.pvc_name)
-    provisioning.reflect_sandbox(p, applied)
-    template = (applied.get("spec") or {}).get("podTemplate") or {}
-    # The hash the operator wrote (of the template it built), not one of the stored
-    # template, which the API's defaults may have filled in.
-    wanted = ((template.get("metadata") or {}).get("annotations") or {}).get(
-        crd.POD_TEMPLATE_ANNOTATION
-    )
+        live = await provisioning.create_sandbox(p, spec, p.pvc_name)
+    elif not holds(live, wanted):
+        live = await kube.apply_sandbox(spec.sandbox_version, wanted)
+    provisioning.reflect_sandbox(p, live)
+    template = wanted["spec"]["podTemplate"]["metadata"]["annotations"]
+    made_from = template[crd.POD_TEMPLATE_ANNOTATION]
     stale = [
         pod
         for pod in await kube.task_pods(p.namespace, p.name)
-        if not pod.terminating and None not in (pod.template, wanted) and pod.template != wanted
+        if not pod.terminating and pod.template not in (None, made_from)
     ]
     if not stale:
-        p.set_condition("PodCurrent", True, "Current", f"the pod is made from the spec ({wanted})")
+        p.set_condition(
+            "PodCurrent", True, "Current", f"the pod is made from the spec ({made_from})"
+        )
         return False
-    await start_roll(p, spec, stale[0], wanted)
+    await start_roll(p, spec, stale[0], made_from)
     return True
+
+
+def holds(live: object, wanted: object) -> bool:
+    """Whether ``live`` has every field ``wanted`` sets, with its value: what a server-side
+    apply of ``wanted`` would leave unchanged (fields others set, and the API's defaults,
+    are not ``wanted``'s to undo)."""
+    if isinstance(wanted, dict):
+        return isinstance(live, dict) and all(
+            key in live and holds(live[key], value) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(wanted)
+            and all(holds(have, want) for have, want in zip(live, wanted, strict=True))
+        )
+    return live == wanted
 
 
 async def start_roll(p: TaskPass, spec: TaskSpec, pod: kube.TaskPod, wanted: str | None) -> None:
