@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import celpy
-import lark
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
@@ -129,8 +128,6 @@ def _compile(text: str) -> _Program:
         except CELParseError as exc:
             where = f"<input>:{exc.line}:{exc.column}" if exc.line else "<input>"
             return _Program(None, f"ERROR: {where}: Syntax error", False)
-        except (lark.exceptions.LarkError, ValueError) as exc:
-            return _Program(None, f"ERROR: <input>: {exc}", False)
         problem = _undeclared(ast)
         if problem is not None:
             return _Program(None, problem, False)
@@ -140,20 +137,21 @@ def _compile(text: str) -> _Program:
         return _Program(_environment().program(ast), None, uses_old_self)
 
 
-def _name(tree: lark.Tree[Any], index: int) -> str:
-    token = tree.children[index]
-    return str(token.value) if isinstance(token, lark.Token) else ""
+def _name(tree: celpy.Expression[Any], index: int) -> str:
+    """The identifier at ``index`` among a parse-tree node's children (a token), or ""."""
+    token = tree.children[index] if len(tree.children) > index else None
+    return token if isinstance(token, str) else ""
 
 
-def _undeclared(ast: lark.Tree[Any]) -> str | None:
+def _undeclared(ast: celpy.Expression[Any]) -> str | None:
     """Why the expression refers to something celpy would not find, or None."""
     bound: set[str] = set()
     for tree in ast.iter_subtrees():
         if tree.data == "member_dot_arg" and _name(tree, 1) in _COMPREHENSIONS:
             args = tree.children[2] if len(tree.children) > 2 else None
-            if isinstance(args, lark.Tree) and args.children:
+            if isinstance(args, celpy.Expression) and args.children:
                 first = args.children[0]
-                if isinstance(first, lark.Tree):
+                if isinstance(first, celpy.Expression):
                     idents = [t for t in first.iter_subtrees() if t.data == "ident"]
                     if idents:
                         bound.add(_name(idents[0], 0))
