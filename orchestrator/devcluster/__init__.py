@@ -7,7 +7,8 @@
   collection, status subresource, watch log); ``persistence``: those objects in a file
 that outlives the process (``drainctl dev up``'s state dir); ``resources``: what is served;
   ``discovery``, ``schema``, ``cel`` (CRD validation rules), ``patching``, ``selectors``,
-  ``tables``, ``protobuf``: the pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
+  ``tables``, ``protobuf``: the pure parts; ``errors``: the ``Status`` failures;
+  ``kubeconfig``: the file clients read.
 - ``sandbox_controller``: a local stand-in for the agent-sandbox controller, and ``csi``
   the stand-in CSI driver and snapshotter it runs (PVCs, VolumeSnapshots and restores as
   directories: :data:`DEV_CSI_DRIVER`, the class :data:`DEV_SNAPSHOT_CLASS`); ``up``:
