@@ -6,9 +6,10 @@
   Tables, watches); ``store``: the API server's rules (metadata, finalizers, garbage
   collection, status subresource, watch log); ``persistence``: those objects in a file
 that outlives the process (``drainctl dev up``'s state dir); ``resources``: what is served;
-  ``discovery``, ``schema``, ``patching``, ``managed_fields`` (field managers and
-  server-side apply), ``selectors``, ``tables``, ``protobuf``: the pure parts;
-  ``errors``: the ``Status`` failures; ``kubeconfig``: the file clients read.
+  ``discovery``, ``schema``, ``cel`` (CRD validation rules), ``patching``,
+  ``managed_fields`` (field managers and server-side apply), ``selectors``, ``tables``,
+  ``protobuf``: the pure parts; ``errors``: the ``Status`` failures; ``kubeconfig``: the
+  file clients read.
 - ``sandbox_controller``: a local stand-in for the agent-sandbox controller, and ``csi``
   the stand-in CSI driver and snapshotter it runs (PVCs, VolumeSnapshots and restores as
   directories: :data:`DEV_CSI_DRIVER`, the class :data:`DEV_SNAPSHOT_CLASS`); ``up``:
@@ -19,7 +20,7 @@ that outlives the process (``drainctl dev up``'s state dir); ``resources``: what
   conversion webhooks (agent-sandbox's, between the Sandbox's v1alpha1 and v1beta1).
 
 Installed with the ``dev`` extra (``pip install 'caliban-drain[dev]'``: kmock, aiohttp,
-jsonpatch, jsonpointer, attrs, PyYAML); no runtime process needs it. It may import the
+jsonpatch, jsonpointer, attrs, cel-python, PyYAML); no runtime process needs it. It may import the
 ledger (``drainctl dev up`` migrates it) and ``worker_agent``; only the CLI, the demo
 and the testing kit may import it, so the operator, the worker and the daemon never load
 it. ``tests/unit/test_import_rules.py`` enforces both.

@@ -9,9 +9,10 @@ show through that version. This covers the structural-schema keywords CRDs use (
 bounds, lengths, ``format`` for date-time and int32/int64, ``nullable``, ``default``,
 ``x-kubernetes-preserve-unknown-fields``, ``-int-or-string``, ``-embedded-resource``,
 ``-list-type``, and ``allOf``/``anyOf``/``oneOf``/``not``); CEL rules
-(``x-kubernetes-validations``) are not evaluated. Messages follow the API server's
-wording so ``kubectl`` prints what a user would see from a cluster. Pure functions;
-``store`` calls them on every write and ``resources`` on every read through a version.
+(``x-kubernetes-validations``) are ``cel``'s, which ``store`` evaluates after these on
+every write. Messages follow the API server's wording so ``kubectl`` prints what a user
+would see from a cluster. Pure functions; ``store`` calls them on every write and
+``resources`` on every read through a version.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from typing import Any
 import kmock
 
 from orchestrator.devcluster import (
+    cel,
     conversion,
     errors,
     managed_fields,
@@ -640,12 +641,20 @@ class ClusterState:
             raise errors.invalid(resource.kind, resource.group, str(name), [cause])
 
     def _apply_schema(
-        self, resource: ServedResource, obj: Obj, name: str, field_validation: str
+        self,
+        resource: ServedResource,
+        obj: Obj,
+        name: str,
+        field_validation: str,
+        old: Obj | None = None,
     ) -> tuple[Obj, list[str]]:
+        """The object pruned and defaulted, or 422 if it breaks the schema or one of its
+        CEL rules; ``old`` is the object an update replaces (transition rules)."""
         if resource.schema is None:
             return obj, []
         pruned, unknown = schema.prune_and_default(obj, resource.schema)
         problems = schema.validate(pruned, resource.schema)
+        problems += cel.validate(pruned, resource.schema, old, prior=problems)
         if problems:
             raise errors.invalid(resource.kind, resource.group, name, problems)
         texts = [f'unknown field "{path}"' for path in unknown]
@@ -697,6 +706,12 @@ class ClusterState:
             }
 
     def _serve_crd(self, crd: Obj) -> None:
+        rule_problems = cel.check_crd(crd)
+        if rule_problems:
+            name = str(crd.get("metadata", {}).get("name"))
+            raise errors.invalid(
+                "CustomResourceDefinition", "apiextensions.k8s.io", name, rule_problems
+            )
         try:
             served = self.registry.register_crd(crd)
         except resources.CrdError as exc:
@@ -778,7 +793,7 @@ class ClusterState:
             raise errors.bad_request("the object must be a JSON object with object metadata")
         self._check_identity(resource, name, current, candidate)
         new = self._compose(resource, current, candidate, subresource)
-        new, warnings = self._apply_schema(resource, new, name, field_validation)
+        new, warnings = self._apply_schema(resource, new, name, field_validation, current)
         if entries is None:
             entries = self._updated_entries(resource, current, candidate, new, subresource, writer)
         _set_entries(new, entries)

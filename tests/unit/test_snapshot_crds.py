@@ -1,8 +1,8 @@
 """The external-snapshotter's CRDs as the embedded API reads them, without a server: the
 package data is the upstream files, unchanged; each CRD serves the endpoints a cluster
 serves (v1 only, the scope, the status subresource, the printer columns); and their
-schemas prune and validate objects as a cluster does, except for CEL rules
-(``x-kubernetes-validations``), which the embedded API does not evaluate."""
+schemas prune and validate objects as a cluster does (their CEL rules,
+``x-kubernetes-validations``, are evaluated too: ``tests/unit/test_devcluster_cel.py``)."""
 
 from __future__ import annotations
 
