@@ -428,7 +428,9 @@ def test_a_permission_withdrawn_at_runtime_is_logged_and_evented_naming_it(
                                "prompt": "one turn"}}},
         )  # fmt: skip
         expected = (
-            "the operator lacks RBAC permission: sandboxes.agents.x-k8s.io is forbidden: "
+            # A server-side apply that creates is authorized as a create of that name.
+            'the operator lacks RBAC permission: sandboxes.agents.x-k8s.io "t1-sbx" is '
+            "forbidden: "
             'User "system:serviceaccount:caliban-drain:caliban-drain-operator" cannot create '
             'resource "sandboxes" in API group "agents.x-k8s.io" in the namespace "default"; '
             "see deploy/base/rbac.yaml"

@@ -128,26 +128,66 @@ def test_an_edit_the_daemon_takes_rolls_nothing_and_a_hand_edit_is_undone(
     patch_task(stack, name, {"task": {"prompt": "another prompt"}})
     stack.watch_passes(name, 1)
     sandbox = crd.sandbox_name(name)
-    hand = {"spec": {"podTemplate": {"metadata": {"labels": {"hand": "edit"}}}}}
+
+    def sandbox_field(jsonpath: str) -> str:
+        return stack.kubectl(
+            "get", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "-o",
+            f"jsonpath={jsonpath}", "--show-managed-fields",
+        ).stdout  # fmt: skip
+
+    image = "{.spec.podTemplate.spec.containers[0].image}"
+    ours = sandbox_field(image)
+    # A hand edit of a field the operator sets, and of one it does not.
+    hand = [
+        {"op": "replace", "path": "/spec/podTemplate/spec/containers/0/image",
+         "value": "registry.local/hand-edited:1"},
+        {"op": "add", "path": "/metadata/annotations", "value": {"team": "hand"}},
+    ]  # fmt: skip
     stack.kubectl(
-        "patch", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "--type=merge",
+        "patch", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "--type=json",
         "-p", json.dumps(hand),
     )  # fmt: skip
     stack.watch_passes(name, 1)
-    wait_until(
-        lambda: "hand" not in json.loads(stack.kubectl(
-            "get", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "-o",
-            "jsonpath={.spec.podTemplate.metadata.labels}",
-        ).stdout or "{}"),
-        60, "the operator's apply to undo the hand edit",
-    )  # fmt: skip
-    managers = stack.kubectl(
-        "get", "sandboxes.agents.x-k8s.io", sandbox, "-n", "default", "-o",
-        "jsonpath={.metadata.managedFields[*].manager}", "--show-managed-fields",
-    ).stdout.split()  # fmt: skip
-    assert crd.FIELD_MANAGER in managers, managers
+    wait_until(lambda: sandbox_field(image) == ours, 60, "the operator to take its image back")
+    assert sandbox_field("{.metadata.annotations.team}") == "hand"  # not the operator's field
+    managers = sandbox_field("{.metadata.managedFields[*].manager}").split()
+    assert crd.FIELD_MANAGER in managers and "kubectl-patch" in managers, managers
     status = stack.status("default", name)
     assert status.get("rolls") is None and status["phase"] == "Running", status
     after = task_pod(stack, name)
     assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
     assert not [e for e in stack.events_of(name) if e["reason"] == "Rolling"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        ({"sandbox": {"name": "another-sandbox"}}, "spec.sandbox.name"),
+        ({"sandbox": {"name": None}}, "spec.sandbox.name"),
+        ({"workspace": {"storage": "5Gi"}}, "spec.workspace"),
+        ({"workspace": {"storageClassName": "fast"}}, "spec.workspace"),
+    ],
+    ids=["sandbox-name-changed", "sandbox-name-unset", "workspace-storage", "workspace-class"],
+)
+def test_an_edit_of_an_immutable_field_is_refused_naming_it(
+    stack: DevStack, edit: dict[str, Any], field: str
+) -> None:
+    """Tried: a task's Sandbox binding and its workspace edited with kubectl patch."""
+    name = "fixed"
+    if stack.task("default", name) is None:  # created suspended: it runs nothing
+        manifest = task_manifest(name, agents=1, suspend=True)
+        manifest["spec"]["sandbox"] = {"name": "given-sandbox"}
+        assert stack.apply(manifest).returncode == 0
+    before = stack.task("default", name)
+    assert before is not None
+    refused = stack.kubectl(
+        "patch", "ctask", name, "-n", "default", "--type=merge",
+        "-p", json.dumps({"spec": edit}), check=False,
+    )  # fmt: skip
+    assert refused.returncode == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{field}: Invalid value" in lines[0], refused.stderr
+    assert f"{field} is immutable" in lines[0] or "cannot be set or unset" in lines[0], lines
+    after = stack.task("default", name)
+    assert after is not None and after["spec"] == before["spec"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

@@ -117,7 +117,8 @@ def test_kubectl_patch_of_an_immutable_field_is_refused_with_the_rules_message(
 
 def test_kubectl_apply_client_and_server_side_is_refused_too(widgets: Cluster) -> None:
     changed = json.dumps(widget("w1", "sbx-b", 1))
-    for extra in ([], ["--server-side"]):
+    # --force-conflicts: the field was set by a client-side apply, another manager.
+    for extra in ([], ["--server-side", "--force-conflicts"]):
         result = widgets.kubectl("apply", *extra, "-f", "-", stdin=changed, check=False)
         assert result.returncode != 0
         assert IMMUTABLE in result.stderr

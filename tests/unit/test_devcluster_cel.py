@@ -19,7 +19,7 @@ import yaml
 
 from orchestrator.devcluster import cel, patching, resources
 from orchestrator.devcluster.resources import ResourceRegistry, ServedResource
-from orchestrator.devcluster.store import ClusterState
+from orchestrator.devcluster.store import ClusterState, Writer
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "example.caliban-ai.dev"
@@ -381,7 +381,10 @@ def test_every_patch_type_is_held_to_a_transition_rule(
 ) -> None:
     widgets = api.serve(crd(IMMUTABLE_NAME))
     api.state.create(widgets, NS, widget("w", {"name": "a", "size": 1}))
-    error = refused(api.state.patch, widgets, NS, "w", content_type, patch)
+    # Forced: an apply of a field another manager set is otherwise a conflict, found
+    # before the object is validated.
+    writer = Writer("test", force=content_type == patching.APPLY_PATCH)
+    error = refused(api.state.patch, widgets, NS, "w", content_type, patch, writer=writer)
     assert "spec.name: Invalid value" in error.message
     assert api.state.get(widgets, NS, "w")["spec"]["name"] == "a"
 
