@@ -149,7 +149,7 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     frozen_pvc = running(stack, "frozen")
     paused(stack, "woke")
     twin_pvc = running(stack, "twin")
-    running(stack, "rebound")
+    paused(stack, "rebound")
     paused(stack, "lost")
     settle = time.monotonic()
     assert stack.audit()["clean"], "every task is healthy before anything is planted"
@@ -203,7 +203,8 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     args[args.index("--task-uid") + 1] = "rogue"
     args[args.index("--initial-agents") + 1] = "0"
     assert stack.apply(rogue).returncode == 0
-    # A Sandbox whose daemon is bound to another uid.
+    # A Sandbox whose daemon is bound to another uid (its task paused: the Sandbox of a
+    # running task is applied again at its next pass, which undoes such an edit).
     rebound = json.loads(
         stack.kubectl("get", SANDBOXES, sandbox_name("rebound"), "-o", "json").stdout
     )

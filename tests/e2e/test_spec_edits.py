@@ -190,4 +190,4 @@ def test_an_edit_of_an_immutable_field_is_refused_naming_it(
     assert f"{field} is immutable" in lines[0] or "cannot be set or unset" in lines[0], lines
     after = stack.task("default", name)
     assert after is not None and after["spec"] == before["spec"]
-    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
