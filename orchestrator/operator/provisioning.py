@@ -296,6 +296,8 @@ async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest
     it is there already. The Sandbox as stored."""
     broker = p.settings.daemon_broker_url or p.settings.broker_url
     await kube.ensure_broker_secret(p.namespace, p.settings.daemon_broker_secret, broker)
+    if (message_key := p.settings.message_key_bytes) is not None:
+        await kube.ensure_task_key(children.task_key_secret(p.task, message_key))
     await kube.apply_service_account(children.service_account(p.name, p.namespace, p.owner()))
     try:
         ports = workspaces.egress_ports(spec.binding) if spec.binding else ()
