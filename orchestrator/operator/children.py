@@ -126,21 +126,7 @@ def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> M
                 "env": [
                     {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
                     {"name": LOG_FORMAT_ENV, "value": pod.log_format},
-                    *(
-                        [
-                            {
-                                "name": signing.TASK_KEY_ENV,
-                                "valueFrom": {
-                                    "secretKeyRef": {
-                                        "name": task_key_secret_name(task),
-                                        "key": crd.TASK_KEY_SECRET_KEY,
-                                    }
-                                },
-                            }
-                        ]
-                        if pod.signs
-                        else []
-                    ),  # fmt: skip
+                    *_task_key_env(task, pod),
                     *({"name": n, "value": v} for n, v in spec.upstream_env),
                     *({"name": n, "value": v} for n, v in spec.env),
                 ],
@@ -372,6 +358,14 @@ def broker_secret(namespace: str, name: str, url: str) -> Manifest:
         },
         "data": {crd.BROKER_SECRET_KEY: encoded},
     }  # fmt: skip
+
+
+def _task_key_env(task: TaskRef, pod: PodSettings) -> list[Manifest]:
+    """The daemon's ``DRAIN_TASK_KEY`` from the task's key Secret, where daemons sign."""
+    if not pod.signs:
+        return []
+    ref = {"name": task_key_secret_name(task), "key": crd.TASK_KEY_SECRET_KEY}
+    return [{"name": signing.TASK_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
 
 
 def task_key_secret_name(task: TaskRef) -> str:
