@@ -56,6 +56,14 @@ CHECKPOINTS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+UNPROVEN_MESSAGES = Counter(
+    "caliban_drain_unproven_messages",
+    "Daemon-side messages refused before they touched the ledger because they did not "
+    "prove their task sent them, by kind (drain-result, resume-result, heartbeat) and "
+    "reason (unsigned, bad-signature, unknown-operation, other-task).",
+    ["kind", "reason"],
+    registry=REGISTRY,
+)
 FORCED_DELETES = Counter(
     "caliban_drain_forced_deletes",
     "Deletions released with a forced checkpoint (no clean drain: drainTimeout passed, "

@@ -13,9 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from worker_agent import signing
 from worker_agent.contract import BrokerSettings
 
 RECORD_SLACK_SECS = 10.0
@@ -101,6 +102,14 @@ class Settings(BrokerSettings):
     """The Secret (key ``url``) the operator keeps in each task's namespace holding the
     daemon broker URL (``DRAIN_DAEMON_BROKER_SECRET``); daemon pods read it through a
     ``secretKeyRef``, so the URL, which may hold a password, never sits in a Sandbox spec."""
+    message_key: SecretStr | None = None
+    """The key daemon messages are proven with (``DRAIN_MESSAGE_KEY``, hex, at least 32
+    bytes; the operator and the orchestrator worker both need it, and nothing else may
+    hold it). The operator derives each task's key from it (``signing.task_key``) and
+    writes it to a Secret of the task's own that its pod reads; the orchestrator worker
+    refuses any drain result, resume result or heartbeat not signed with the key of the
+    task the ledger says it is for. Unset: daemons sign nothing and the worker takes
+    every message as it comes (one tenant only; the worker says so when it starts)."""
     snapshots: bool = True
     """Take a VolumeSnapshot of the workspace for every checkpoint where the cluster offers
     CSI snapshots (``DRAIN_SNAPSHOTS=false``: never; checkpoints are the retained PVC)."""
@@ -169,6 +178,20 @@ class Settings(BrokerSettings):
         if isinstance(value, str):
             return tuple(image.strip() for image in value.split(",") if image.strip())
         return value
+
+    @field_validator("message_key")
+    @classmethod
+    def _a_usable_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            signing.parse_key(value.get_secret_value(), "DRAIN_MESSAGE_KEY")
+        return value
+
+    @property
+    def message_key_bytes(self) -> bytes | None:
+        """``message_key`` as bytes, or None when messages are not signed."""
+        if self.message_key is None:
+            return None
+        return signing.parse_key(self.message_key.get_secret_value(), "DRAIN_MESSAGE_KEY")
 
     @property
     def writes_workspace_status(self) -> bool:

@@ -40,7 +40,7 @@ from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 from pydantic import ValidationError
 
-from worker_agent import broker_state, logformat, metrics
+from worker_agent import broker_state, logformat, metrics, signing
 from worker_agent.celery_worker import run_worker
 from worker_agent.client import ControlError, SupervisorClient
 from worker_agent.contract import (
@@ -114,12 +114,16 @@ class ConsumerConfig:
     connect: tuple[str, int] | None = None
     token_file: Path | None = None
     ca_file: Path | None = None
+    task_key: bytes | None = None
+    """The task's key (``DRAIN_TASK_KEY``), which every result and heartbeat this pod
+    sends is signed with (``signing``); None: they go unsigned."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> ConsumerConfig:
         """The configuration ``main``'s parsed options give (``--connect`` checked),
         with the task uid from ``environ``."""
         namespace, name = parse_daemon_queue(args.queue)
+        key = environ.get(signing.TASK_KEY_ENV)
         return cls(
             socket=args.socket,
             store=args.store,
@@ -129,7 +133,17 @@ class ConsumerConfig:
             connect=host_port(args.connect) if args.connect else None,
             token_file=args.token_file,
             ca_file=args.ca_file,
+            task_key=signing.parse_key(key, signing.TASK_KEY_ENV) if key else None,
         )
+
+    def signed(self, body: JsonObject) -> JsonObject:
+        """``body`` as this pod sends it: where it has a key, naming the task uid it
+        serves and signed with the task's key (``signing``)."""
+        if self.task_key is None:
+            return body
+        if body.get("task_uid") is None and self.task_uid is not None:
+            body = {**body, "task_uid": self.task_uid}
+        return signing.sign(self.task_key, body)
 
     def refusal(self, message_uid: str | None) -> str | None:
         """Why a message for ``message_uid`` is not this pod's to act on, or None."""
@@ -189,12 +203,14 @@ def _client(config: ConsumerConfig, timeout: float) -> SupervisorClient:
 @app.task(name=DAEMON_DRAIN, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
 def drain(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Drain every agent of this pod; answer the refs (the same ones on redelivery)."""
-    return _drain_refs(
-        self,
-        payload,
-        DrainRequest,
-        "drain",
-        lambda client, request: client.drain(request.grace_secs),
+    return self.config.signed(
+        _drain_refs(
+            self,
+            payload,
+            DrainRequest,
+            "drain",
+            lambda client, request: client.drain(request.grace_secs),
+        )
     )
 
 
@@ -202,12 +218,14 @@ def drain(self: ConsumerTask, /, **payload: object) -> JsonObject:
 def scale_down(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Keep the task's ``agents`` oldest agents and drain the rest into retirement; answer
     the retired agents' refs (the same ones on redelivery), for their checkpoint."""
-    return _drain_refs(
-        self,
-        payload,
-        ScaleDownRequest,
-        "scale_down",
-        lambda client, request: client.retire(request.agents, request.grace_secs),
+    return self.config.signed(
+        _drain_refs(
+            self,
+            payload,
+            ScaleDownRequest,
+            "scale_down",
+            lambda client, request: client.retire(request.agents, request.grace_secs),
+        )
     )
 
 
@@ -288,7 +306,9 @@ def _drain_result(config: ConsumerConfig, op_id: str, error: str) -> JsonObject:
 def resume(self: ConsumerTask, /, **payload: object) -> JsonObject:
     """Resume each agent of a checkpoint (all in the store when it names none); one that
     is already live counts as resumed."""
-    return _bring_agents(self, payload, ResumeRequest, "resume", _resume_checkpoint)
+    return self.config.signed(
+        _bring_agents(self, payload, ResumeRequest, "resume", _resume_checkpoint)
+    )
 
 
 @app.task(name=DAEMON_SCALE_UP, bind=True, base=ConsumerTask, max_retries=SUPERVISOR_RETRIES)
@@ -297,7 +317,7 @@ def scale_up(self: ConsumerTask, /, **payload: object) -> JsonObject:
     first, each continuing its conversation at ``turns + 1``, then spawn new ones. Judged
     against the agents the task has when it runs, so a redelivery that finds the task
     grown already brings nobody twice."""
-    return _bring_agents(self, payload, ScaleUpRequest, "scale_up", _grow)
+    return self.config.signed(_bring_agents(self, payload, ScaleUpRequest, "scale_up", _grow))
 
 
 _Brings = TypeVar("_Brings", ResumeRequest, ScaleUpRequest)
@@ -645,7 +665,7 @@ class Heartbeat(threading.Thread):
             try:
                 app.send_task(
                     ACTIVITY,
-                    kwargs=report.model_dump(mode="json"),
+                    kwargs=self.config.signed(report.model_dump(mode="json")),
                     queue=ORCHESTRATOR_QUEUE,
                     expires=self.interval * 4,
                 )
@@ -793,6 +813,8 @@ def options(
             parser.error(f"--token-file {args.token_file}: {exc.strerror}")
     try:
         return ConsumerConfig.from_args(args, environ), args
+    except signing.BadKey as exc:
+        parser.error(str(exc))
     except ValueError as exc:  # --queue is not caliband.<namespace>.<name>
         parser.error(f"--queue: {exc}")
 

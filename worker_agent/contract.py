@@ -361,6 +361,10 @@ class DrainResult(BoundToTask):
     name: str
     refs: list[ResumeRef]
     error: str | None
+    signature: str | None = None
+    """The task's signature over the rest (``signing``), when its daemon has a key."""
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid", "signature")
 
 
 class ResumeAgent(Payload):
@@ -423,6 +427,10 @@ class ResumeResult(Payload):
     op_id: str
     results: list[AgentResumeOutcome]
     error: str | None
+    task_uid: str | None = None
+    """The uid of the task the answering daemon serves, where its answer is signed."""
+    signature: str | None = None
+    """The task's signature over the rest (``signing``), when its daemon has a key."""
 
 
 class ActivityReport(Payload):
@@ -455,6 +463,8 @@ class ActivityReport(Payload):
     agents_done: int = Field(default=0, ge=0)
     """Agents whose worker exited 0 by itself (``done``), their work over: when every
     agent is, the task completes. Defaults to 0 for a daemon older than the field."""
+    signature: str | None = None
+    """The task's signature over the rest (``signing``), when its daemon has a key."""
 
 
 def refusal(message_uid: str | None, served_uid: str | None, served: str) -> str | None:

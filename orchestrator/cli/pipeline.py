@@ -276,6 +276,12 @@ def worker_cmd(
     install_celery_hooks()  # Celery keeps to our logging; each task's records name it
     port = settings.worker_metrics_port if metrics_port is None else metrics_port
     serve_worker(app, ledger, settings.metrics_host, port)
+    if settings.message_key is None:
+        logging.getLogger(__name__).warning(
+            "message_signing=off: DRAIN_MESSAGE_KEY is unset, so drain results, resume "
+            "results and heartbeats are taken without proof of the task that sent them "
+            "(one tenant only; see docs/security.md)"
+        )
     DeadlineSweeper(ledger, settings.sweep_interval_secs).start()
     code = run_worker(
         app,

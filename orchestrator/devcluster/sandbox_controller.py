@@ -511,7 +511,9 @@ class SandboxController:
         self._init_backoff.pop(key, None)
         self._waiting.pop(key, None)
         argv = self._argv(container, self._local_mounts(key, namespace, container, volumes))
-        env = {**os.environ, **self.env, **environments[-1]}
+        # The message key is the control plane's alone: a pod has its task's key.
+        inherited = {k: v for k, v in os.environ.items() if k != "DRAIN_MESSAGE_KEY"}
+        env = {**inherited, **self.env, **environments[-1]}
         argv, env = self.own_metrics_port(namespace, name, argv, env)
         with log_path.open("ab") as out:
             process = await asyncio.create_subprocess_exec(

@@ -37,6 +37,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Iterable
@@ -66,6 +67,7 @@ from orchestrator.operator.crd import (
     SNAPSHOT_PLURAL,
     SNAPSHOT_VERSION,
 )
+from worker_agent import signing
 from worker_agent.children import KeptProcess
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ SANDBOXES_DIR: Final = "sandboxes"
 layout below it is ``csi``'s), pods' logs and emptyDirs."""
 
 LEDGER_FILE: Final = "ledger.db"
+MESSAGE_KEY_FILE: Final = "message-key"
 """The SQLite ledger in the state dir, unless ``DRAIN_DATABASE_URL`` says otherwise."""
 
 AUDIT_REPORT_FILE: Final = "audit-report.json"
@@ -209,6 +212,8 @@ def stack_environment(
         env["DRAIN_BROKER_URL"] = f"redis://{broker.HOST}:{embedded_broker_port}/0"
         env.setdefault("DRAIN_RESULT_BACKEND", env["DRAIN_BROKER_URL"])
     env["KUBECONFIG"] = str(kubeconfig)
+    if "DRAIN_MESSAGE_KEY" not in env:
+        env["DRAIN_MESSAGE_KEY"] = message_key(state_dir)
     env["DRAIN_METRICS_HOST"] = env["DRAIN_DAEMON_METRICS_HOST"] = broker.HOST
     env.setdefault("DRAIN_RECONCILE_INTERVAL_SECS", "1")
     env.setdefault("DRAIN_HEARTBEAT_INTERVAL_SECS", "5")
@@ -216,6 +221,19 @@ def stack_environment(
     env.setdefault("DRAIN_UNACKED_RESTORE_INTERVAL_SECS", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def message_key(state_dir: Path) -> str:
+    """The stack's message key (``DRAIN_MESSAGE_KEY``), made once and kept in the state
+    dir (readable by its owner only), so a restarted stack's daemons still prove
+    themselves with the task keys derived from it."""
+    path = state_dir / MESSAGE_KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(signing.KEY_BYTES))
+    return path.read_text().strip()
 
 
 def stack_crds(sandbox_storage: str, *, snapshots: bool = True) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.crd import Manifest
 from orchestrator.operator.lifecycle import TaskSpec, sandbox_suspension_patch
 from orchestrator.settings import Settings
+from worker_agent import signing
 from worker_agent.contract import daemon_queue
 from worker_agent.logformat import LOG_FORMAT_ENV, LogSettings
 
@@ -75,11 +76,19 @@ class PodSettings:
     """The namespace's Secret the daemon reads the broker URL from."""
     log_format: str
     """The operator's own log format, so one ``DRAIN_LOG_FORMAT`` sets all."""
+    signs: bool = False
+    """Whether daemons sign what they send (``DRAIN_MESSAGE_KEY`` set): the pod then
+    reads its task's key from the task's key Secret (``task_key_secret``)."""
 
     @classmethod
     def of(cls, settings: Settings) -> PodSettings:
         """From the operator's settings, with the log format it logs in itself."""
-        return cls(settings.daemon_image, settings.daemon_broker_secret, LogSettings().log_format)
+        return cls(
+            settings.daemon_image,
+            settings.daemon_broker_secret,
+            LogSettings().log_format,
+            signs=settings.message_key is not None,
+        )
 
 
 def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> Manifest:
@@ -117,6 +126,7 @@ def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> M
                 "env": [
                     {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
                     {"name": LOG_FORMAT_ENV, "value": pod.log_format},
+                    *_task_key_env(task, pod),
                     *({"name": n, "value": v} for n, v in spec.upstream_env),
                     *({"name": n, "value": v} for n, v in spec.env),
                 ],
@@ -348,6 +358,38 @@ def broker_secret(namespace: str, name: str, url: str) -> Manifest:
         },
         "data": {crd.BROKER_SECRET_KEY: encoded},
     }  # fmt: skip
+
+
+def _task_key_env(task: TaskRef, pod: PodSettings) -> list[Manifest]:
+    """The daemon's ``DRAIN_TASK_KEY`` from the task's key Secret, where daemons sign."""
+    if not pod.signs:
+        return []
+    ref = {"name": task_key_secret_name(task), "key": crd.TASK_KEY_SECRET_KEY}
+    return [{"name": signing.TASK_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
+def task_key_secret_name(task: TaskRef) -> str:
+    """The Secret holding the key of task ``task`` (one per uid: a task re-created
+    under the name of one still being collected gets its own)."""
+    return f"{task.name}-key-{task.uid}"
+
+
+def task_key_secret(task: TaskRef, message_key: bytes) -> Manifest:
+    """The task's key (``signing.task_key``, hex) under ``crd.TASK_KEY_SECRET_KEY``, owned
+    by the task; only its pod reads it, through a ``secretKeyRef``."""
+    key = signing.task_key(message_key, task.namespace, task.name, task.uid).hex()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": task_key_secret_name(task),
+            "namespace": task.namespace,
+            "ownerReferences": [task.owner()],
+            "labels": labels(task.name),
+        },
+        "data": {crd.TASK_KEY_SECRET_KEY: base64.b64encode(key.encode()).decode()},
+    }
 
 
 def workspace_snapshot(task: TaskRef, ref: str, pvc_name: str, class_name: str) -> Manifest:

@@ -57,6 +57,9 @@ checkpoint's VolumeSnapshot (``children``'s builders). Not on the Sandbox's pod
 template: the pod is the Sandbox controller's to make and manage, and carries the task
 label (``TASK_LABEL``) that selects it."""
 
+TASK_KEY_SECRET_KEY: Final = "key"  # noqa: S105 - a key of a Secret's data
+"""The key of a task's key Secret (``children.task_key_secret``) holding its key."""
+
 FIELD_MANAGER: Final = "caliban-drain"
 """The field manager of the operator's server-side applies: the fields of a task's
 Sandbox, ServiceAccount and NetworkPolicy it sets are owned by it (``metadata.

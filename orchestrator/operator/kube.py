@@ -167,6 +167,13 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     await _in_thread(call)
 
 
+async def ensure_task_key(body: Manifest) -> None:
+    """Create the task's key Secret (``children.task_key_secret``) unless it is there:
+    its name carries the task's uid, and its content follows from it."""
+    namespace = body["metadata"]["namespace"]
+    await _create(lambda: client.CoreV1Api().create_namespaced_secret(namespace, body), namespace)
+
+
 async def apply_service_account(body: Manifest) -> None:
     """The task's ServiceAccount (``children.service_account``) applied."""
     meta = body["metadata"]

@@ -156,6 +156,7 @@ async def provision(p: TaskPass, spec: TaskSpec) -> None:
         applied_agents=spec.agents,
     )
     if p.settings.manage_sandbox and spec.sandbox_name is not None:
+        await ensure_task_key(p)  # what the given Sandbox's pod reads its key from
         await kube.patch_sandbox(
             spec.sandbox_version,
             p.namespace,
@@ -296,6 +297,7 @@ async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest
     it is there already. The Sandbox as stored."""
     broker = p.settings.daemon_broker_url or p.settings.broker_url
     await kube.ensure_broker_secret(p.namespace, p.settings.daemon_broker_secret, broker)
+    await ensure_task_key(p)
     await kube.apply_service_account(children.service_account(p.name, p.namespace, p.owner()))
     try:
         ports = workspaces.egress_ports(spec.binding) if spec.binding else ()
@@ -306,6 +308,12 @@ async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest
         await kube.apply_network_policy(policy)
     p.set_status(applied_generation=p.meta.get("generation"))
     return await apply_sandbox(p, spec, pvc_name)
+
+
+async def ensure_task_key(p: TaskPass) -> None:
+    """The task's key Secret, where daemons sign (``signing``)."""
+    if (message_key := p.settings.message_key_bytes) is not None:
+        await kube.ensure_task_key(children.task_key_secret(p.task, message_key))
 
 
 async def apply_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest:

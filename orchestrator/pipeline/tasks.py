@@ -23,6 +23,7 @@ from celery import Task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from orchestrator import metrics
 from orchestrator.ledger import (
     CheckpointReason,
     Ledger,
@@ -35,6 +36,7 @@ from orchestrator.ledger import (
 )
 from orchestrator.pipeline.app import ACTIVITY, RECORD_CHECKPOINT, RECORD_RESUME, app
 from orchestrator.settings import get_settings
+from worker_agent import signing
 from worker_agent.contract import (
     ActivityReport,
     DrainResult,
@@ -131,6 +133,70 @@ def _fail(ledger: Ledger, op_id: str, error: str) -> None:
         log.warning("failure_after_terminal op=%s detail=%s", op_id, exc)
 
 
+class Unproven(enum.StrEnum):
+    """Why a daemon-side message does not prove that the task it is for sent it."""
+
+    UNSIGNED = "unsigned"
+    BAD_SIGNATURE = "bad-signature"
+    UNKNOWN_OPERATION = "unknown-operation"
+    OTHER_TASK = "other-task"
+    """Signed for another task uid, or another operation, than the one it answers."""
+
+
+_said: set[tuple[str, str, Unproven]] = set()
+"""What was refused and logged already (``refuse``), so a flood logs once per sender."""
+
+
+def unproven(body: object, namespace: str, name: str, bound_uid: str | None) -> Unproven | None:
+    """Why ``body`` is not proven to come from the daemon of task ``namespace/name`` (the
+    ledger's, never the body's), or None: it is, or this orchestrator signs nothing
+    (``DRAIN_MESSAGE_KEY`` unset). ``bound_uid`` is the uid the ledger bound the
+    operation to; without one, the uid the signed body names selects the task's key,
+    which only that task's daemon holds."""
+    key = get_settings().message_key_bytes
+    if key is None:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get(signing.SIGNATURE), str):
+        return Unproven.UNSIGNED
+    claimed = body.get("task_uid")
+    if bound_uid is not None and claimed != bound_uid:
+        return Unproven.OTHER_TASK
+    if not isinstance(claimed, str) or not claimed:
+        return Unproven.UNSIGNED  # no uid to find the task's key by
+    if not signing.signed_by(signing.task_key(key, namespace, name, claimed), body):
+        return Unproven.BAD_SIGNATURE
+    return None
+
+
+def refuse(kind: str, subject: str, reason: Unproven) -> None:
+    """Count a refused message, and log the first of its kind and subject."""
+    metrics.UNPROVEN_MESSAGES.labels(kind=kind, reason=reason.value).inc()
+    if (kind, subject, reason) not in _said:
+        if len(_said) < 10_000:
+            _said.add((kind, subject, reason))
+        log.warning("message_refused kind=%s subject=%s reason=%s", kind, subject, reason)
+
+
+def _bound_uid(op: OperationView) -> str | None:
+    """The Kubernetes uid ``op`` was begun for; None for a ``namespace/name`` stand-in."""
+    return None if "/" in op.task_uid else op.task_uid
+
+
+def _proof_of(op: OperationView | None, op_id: str, body: object, kind: str) -> Unproven | None:
+    """Why a result for operation ``op_id`` (``op`` as the ledger has it) is refused."""
+    if get_settings().message_key_bytes is None:
+        return None
+    if op is None:
+        reason: Unproven | None = Unproven.UNKNOWN_OPERATION
+    elif isinstance(body, dict) and body.get("op_id") != op_id:
+        reason = Unproven.OTHER_TASK
+    else:
+        reason = unproven(body, op.namespace, op.name, _bound_uid(op))
+    if reason is not None:
+        refuse(kind, op_id, reason)
+    return reason
+
+
 # --------------------------------------------------------------------------- tasks
 
 
@@ -155,6 +221,14 @@ def record_checkpoint(
             op_id=str(kwargs.get("op_id", "")), checkpoint_ref=None, error=args
         ).model_dump(mode="json")
     ledger = get_ledger()
+    op = ledger.get_operation(args.op_id)
+    if (refused := _proof_of(op, args.op_id, drain_result, "drain-result")) is not None:
+        return RecordCheckpointOutcome(
+            op_id=args.op_id, checkpoint_ref=None, error=f"refused: {refused}"
+        ).model_dump(mode="json")
+    if op is not None and (kept := (op.detail or {}).get("record")):
+        # What the orchestrator kept when it began the operation, not what came back.
+        args = RecordCheckpointArgs.model_validate({**kept, "op_id": op.id})
     result = _received(DrainResult, drain_result, "drain result from the daemon")
     error = result if isinstance(result, str) else result.error
     if error is not None:
@@ -217,6 +291,11 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
             op_id=str(kwargs.get("op_id", "")), state=None, error=args
         ).model_dump(mode="json")
     ledger = get_ledger()
+    op = ledger.get_operation(args.op_id)
+    if (refused := _proof_of(op, args.op_id, resume_result, "resume-result")) is not None:
+        return RecordResumeOutcome(
+            op_id=args.op_id, state=None, error=f"refused: {refused}"
+        ).model_dump(mode="json")
     result = _received(ResumeResult, resume_result, "resume result from the daemon")
     if isinstance(result, str):
         _fail(ledger, args.op_id, result)
@@ -258,6 +337,9 @@ def activity(**kwargs: object) -> None:
     report = _received(ActivityReport, kwargs, "activity heartbeat")
     if isinstance(report, str):
         log.error("activity_refused reason=%s", report)
+        return
+    if (refused := unproven(kwargs, report.namespace, report.name, None)) is not None:
+        refuse("heartbeat", f"{report.namespace}/{report.name}", refused)
         return
     received_at = datetime.now(UTC)
     try:
@@ -311,16 +393,19 @@ class StoredDrain(enum.Enum):
     """The backend could not be asked (a broker outage): decide at the next sweep."""
 
 
-def stored_drain_result(op_id: str) -> DrainResult | StoredDrain:
-    """The daemon's drain result as the result backend kept it, if the drain finished."""
+def stored_drain_result(op: OperationView) -> DrainResult | StoredDrain:
+    """The daemon's drain result as the result backend kept it, if the drain finished
+    (and, where messages are signed, its task signed it)."""
     try:
-        stored = app.AsyncResult(f"{op_id}.drain")
+        stored = app.AsyncResult(f"{op.id}.drain")
         if stored.state != "SUCCESS":
             return StoredDrain.NOT_FINISHED
         value = stored.result
     except Exception as exc:  # any backend failure means "ask again later"
-        log.warning("stored_result_unreadable op=%s error=%s", op_id, exc)
+        log.warning("stored_result_unreadable op=%s error=%s", op.id, exc)
         return StoredDrain.UNKNOWN
+    if _proof_of(op, op.id, value, "drain-result") is not None:
+        return StoredDrain.NOT_FINISHED
     try:
         return DrainResult.model_validate(value)
     except ValidationError:
@@ -330,7 +415,7 @@ def stored_drain_result(op_id: str) -> DrainResult | StoredDrain:
 def sweep_overdue(
     ledger: Ledger,
     now: datetime | None = None,
-    stored_drain: Callable[[str], DrainResult | StoredDrain] = stored_drain_result,
+    stored_drain: Callable[[OperationView], DrainResult | StoredDrain] = stored_drain_result,
 ) -> list[str]:
     """Close every operation past its deadline; answer the ids of those it failed.
 
@@ -342,7 +427,7 @@ def sweep_overdue(
     failed = []
     for op in ledger.overdue_operations(now or datetime.now(UTC)):
         if op.kind.records_checkpoint:
-            found = stored_drain(op.id)
+            found = stored_drain(op)
             if found is StoredDrain.UNKNOWN:
                 continue
             recovered = isinstance(found, DrainResult) and found.error is None

@@ -80,6 +80,7 @@ class ComposeStack:
         settings = {
             "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
             "FLOWER_BASIC_AUTH": self.flower_login,
+            "DRAIN_MESSAGE_KEY": secrets.token_hex(32),
             "DRAIN_UID": IMAGE_UID, "DRAIN_GID": IMAGE_UID,
             "KUBE_DIR": self.kube_dir,
             "DRAIN_IMAGE": app_image,

@@ -70,7 +70,11 @@ def sandbox_made_elsewhere(uid: str, broker: str) -> list[dict[str, Any]]:
                  "--queue", f"caliband.default.{NAME}", "--task-uid", uid,
                  "--initial-agents", "2", "--initial-provider", "scripted",
                  "--initial-model", "turns=100000,turn_ms=100"],
-        "env": [{"name": "DRAIN_BROKER_URL", "value": broker}],
+        # The task's key, which the operator writes for a task it runs (the dev stack
+        # signs daemon messages): what the other controller's pod must read too.
+        "env": [{"name": "DRAIN_BROKER_URL", "value": broker},
+                {"name": "DRAIN_TASK_KEY", "valueFrom": {"secretKeyRef": {
+                    "name": f"{NAME}-key-{uid}", "key": "key"}}}],
         "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"},
                          {"name": "run", "mountPath": "/run/caliband"}],
     }  # fmt: skip

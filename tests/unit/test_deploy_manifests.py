@@ -40,6 +40,7 @@ CONTRACT_SECRETS = {
     "caliban-drain-result-backend": {"url"},
     "caliban-drain-ledger": {"url"},
     "caliban-drain-flower": {"basic-auth"},
+    "caliban-drain-message-key": {"key"},
 }
 """Secret name → the keys the manifests read: created by the installer, never here."""
 SENSITIVE_ENV = re.compile(r"(_URL|URL_|PASSWORD|TOKEN|SECRET|BASIC_AUTH|_KEY)$|^DRAIN_.*_URL$")

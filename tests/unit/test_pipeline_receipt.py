@@ -17,7 +17,14 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from orchestrator.ledger import CheckpointReason, Ledger, OperationKind, OperationState, upgrade
+from orchestrator.ledger import (
+    CheckpointReason,
+    Ledger,
+    OperationKind,
+    OperationState,
+    OperationView,
+    upgrade,
+)
 from orchestrator.ledger.models import Operation
 from orchestrator.operator.lifecycle import Phase, idle_report, parse_spec, should_idle_pause
 from orchestrator.pipeline import tasks
@@ -379,7 +386,7 @@ def test_an_overdue_drain_whose_daemon_answered_is_recorded_not_failed(ledger: L
         ledger, "lost-record", {"record": {"op_id": "x", "reason": "delete", "pvc_name": "ws-1"}}
     )
 
-    assert tasks.sweep_overdue(ledger, stored_drain=drained) == []
+    assert tasks.sweep_overdue(ledger, stored_drain=lambda op: drained(op.id)) == []
 
     op = ledger.get_operation(op_id)
     assert op is not None and op.state is OperationState.RECORDED and op.checkpoint_ref
@@ -394,8 +401,8 @@ def test_the_sweeper_does_not_record_refs_stored_by_the_daemon_of_another_uid(
 ) -> None:
     op_id = overdue_drain(ledger, "other-uid", None)
 
-    def other(op_id: str) -> DrainResult:
-        return drained(op_id).model_copy(update={"task_uid": "someone-else"})
+    def other(op: OperationView) -> DrainResult:
+        return drained(op.id).model_copy(update={"task_uid": "someone-else"})
 
     assert tasks.sweep_overdue(ledger, stored_drain=other) == [op_id]
     op = ledger.get_operation(op_id)
@@ -417,8 +424,8 @@ def test_an_overdue_drain_is_left_for_the_next_sweep_while_the_backend_is_unreac
 @pytest.mark.parametrize(
     "stored",
     [
-        pytest.param(lambda op_id: tasks.StoredDrain.NOT_FINISHED, id="drain-never-ran"),
-        pytest.param(lambda op_id: drained(op_id, "supervisor unreachable"), id="drain-failed"),
+        pytest.param(lambda op: tasks.StoredDrain.NOT_FINISHED, id="drain-never-ran"),
+        pytest.param(lambda op: drained(op.id, "supervisor unreachable"), id="drain-failed"),
     ],
 )
 def test_an_overdue_drain_that_did_not_drain_is_failed_with_the_reason(

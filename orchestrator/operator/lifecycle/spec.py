@@ -23,8 +23,9 @@ from orchestrator.operator.lifecycle.declared import CalibanTaskSpec, DeclaredEr
 from orchestrator.operator.workspace import DAEMON_PROVIDER, Binding
 from worker_agent.k8s_names import is_dns_label, is_dns_subdomain
 from worker_agent.logformat import LOG_FORMAT_ENV
+from worker_agent.signing import TASK_KEY_ENV
 
-RESERVED_ENV: Final = frozenset({BROKER_URL_ENV, LOG_FORMAT_ENV})
+RESERVED_ENV: Final = frozenset({BROKER_URL_ENV, LOG_FORMAT_ENV, TASK_KEY_ENV})
 """The daemon container's own variables: a ``spec.task.env`` entry may not set them."""
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
