@@ -293,7 +293,22 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class BoundToTask(Payload):
+class WithOptional(Payload):
+    """A payload some of whose fields travel only when set (``_OPTIONAL``): a message
+    without them has the shape it had before they were added."""
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        shape: dict[str, object] = handler(self)
+        for field in self._OPTIONAL:
+            if shape.get(field) is None:
+                shape.pop(field, None)
+        return shape
+
+
+class BoundToTask(WithOptional):
     """A payload that names the task (by Kubernetes uid) it is meant for.
 
     Queues are named by namespace and name, which a re-created task shares with the
@@ -306,15 +321,6 @@ class BoundToTask(Payload):
     task_uid: str | None = Field(default=None, min_length=1, max_length=128)
 
     _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid",)
-    """Fields that travel only when set."""
-
-    @model_serializer(mode="wrap")
-    def _uid_when_bound(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
-        shape: dict[str, object] = handler(self)
-        for field in self._OPTIONAL:
-            if shape.get(field) is None:
-                shape.pop(field, None)
-        return shape
 
 
 class DrainRequest(BoundToTask):
@@ -421,7 +427,7 @@ class AgentResumeOutcome(Payload):
         return shape
 
 
-class ResumeResult(Payload):
+class ResumeResult(WithOptional):
     """What ``caliban.daemon.resume`` answers; ``record_resume`` receives it."""
 
     op_id: str
@@ -432,8 +438,10 @@ class ResumeResult(Payload):
     signature: str | None = None
     """The task's signature over the rest (``signing``), when its daemon has a key."""
 
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("task_uid", "signature")
 
-class ActivityReport(Payload):
+
+class ActivityReport(WithOptional):
     """kwargs of ``caliban.orchestrator.activity``: one daemon's heartbeat.
 
     ``seq`` grows across daemon restarts (wall-clock nanoseconds, never less than the last
@@ -465,6 +473,8 @@ class ActivityReport(Payload):
     agent is, the task completes. Defaults to 0 for a daemon older than the field."""
     signature: str | None = None
     """The task's signature over the rest (``signing``), when its daemon has a key."""
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("signature",)
 
 
 def refusal(message_uid: str | None, served_uid: str | None, served: str) -> str | None:

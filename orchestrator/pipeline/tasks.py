@@ -221,14 +221,17 @@ def record_checkpoint(
             op_id=str(kwargs.get("op_id", "")), checkpoint_ref=None, error=args
         ).model_dump(mode="json")
     ledger = get_ledger()
-    op = ledger.get_operation(args.op_id)
-    if (refused := _proof_of(op, args.op_id, drain_result, "drain-result")) is not None:
-        return RecordCheckpointOutcome(
-            op_id=args.op_id, checkpoint_ref=None, error=f"refused: {refused}"
-        ).model_dump(mode="json")
-    if op is not None and (kept := (op.detail or {}).get("record")):
-        # What the orchestrator kept when it began the operation, not what came back.
-        args = RecordCheckpointArgs.model_validate({**kept, "op_id": op.id})
+    if get_settings().message_key is not None:
+        # Proven first (one read more on each drain's path, where messages are signed);
+        # recorded with what the orchestrator kept when it began the operation, not with
+        # what came back through the daemon's side.
+        op = ledger.get_operation(args.op_id)
+        if (refused := _proof_of(op, args.op_id, drain_result, "drain-result")) is not None:
+            return RecordCheckpointOutcome(
+                op_id=args.op_id, checkpoint_ref=None, error=f"refused: {refused}"
+            ).model_dump(mode="json")
+        if op is not None and (kept := (op.detail or {}).get("record")):
+            args = RecordCheckpointArgs.model_validate({**kept, "op_id": op.id})
     result = _received(DrainResult, drain_result, "drain result from the daemon")
     error = result if isinstance(result, str) else result.error
     if error is not None:
@@ -291,11 +294,12 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
             op_id=str(kwargs.get("op_id", "")), state=None, error=args
         ).model_dump(mode="json")
     ledger = get_ledger()
-    op = ledger.get_operation(args.op_id)
-    if (refused := _proof_of(op, args.op_id, resume_result, "resume-result")) is not None:
-        return RecordResumeOutcome(
-            op_id=args.op_id, state=None, error=f"refused: {refused}"
-        ).model_dump(mode="json")
+    if get_settings().message_key is not None:
+        op = ledger.get_operation(args.op_id)
+        if (refused := _proof_of(op, args.op_id, resume_result, "resume-result")) is not None:
+            return RecordResumeOutcome(
+                op_id=args.op_id, state=None, error=f"refused: {refused}"
+            ).model_dump(mode="json")
     result = _received(ResumeResult, resume_result, "resume result from the daemon")
     if isinstance(result, str):
         _fail(ledger, args.op_id, result)
