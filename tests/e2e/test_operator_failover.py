@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.devcluster.broker import free_port
+from orchestrator.devcluster.up import MESSAGE_KEY_FILE
 from orchestrator.ledger import OperationKind
 from orchestrator.operator.lifecycle import Purpose, operation_key
 from orchestrator.testing import OperatorProcess
@@ -60,11 +61,15 @@ def stack() -> Iterator[DevStack]:
 
 def operator_env(stack: DevStack) -> dict[str, str]:
     """The stack's environment, as its own operator would have it: its kubeconfig, its
-    ledger, and the embedded broker it printed."""
+    ledger, the embedded broker it printed and its message key."""
     found = wait_until(lambda: _BROKER.search(stack.log_text()), 30, "the stack's broker URL")
     broker = found.group(1)
+    # The stack's message key, which its worker checks daemons' messages with.
+    key = stack.state / MESSAGE_KEY_FILE
+    wait_until(key.exists, 30, "the stack's message key")
     return {**stack.env, "KUBECONFIG": str(stack.kubeconfig), "DRAIN_BROKER_URL": broker,
-            "DRAIN_RESULT_BACKEND": broker}  # fmt: skip
+            "DRAIN_RESULT_BACKEND": broker,
+            "DRAIN_MESSAGE_KEY": key.read_text().strip()}  # fmt: skip
 
 
 @pytest.fixture

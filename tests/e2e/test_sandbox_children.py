@@ -120,6 +120,9 @@ def test_the_operator_names_its_sandbox_task_sbx_and_runs_an_existing_one_it_is_
     args = template["spec"]["containers"][0]["args"]
     args[args.index("--queue") + 1] = "caliband.default.byhand"
     args[args.index("--task-uid") + 1] = uid
+    for variable in template["spec"]["containers"][0]["env"]:  # byhand's key, not the donor's
+        if variable["name"] == "DRAIN_TASK_KEY":
+            variable["valueFrom"]["secretKeyRef"]["name"] = f"byhand-key-{uid}"
     for volume in template["spec"]["volumes"]:
         if "persistentVolumeClaim" in volume:
             volume["persistentVolumeClaim"]["claimName"] = "byhand-ws"
@@ -197,9 +200,10 @@ def managed(stack: DevStack, kind: str) -> list[str]:
 def test_everything_the_operator_creates_says_caliban_drain_manages_it(
     stack: DevStack, tmp_path: Path
 ) -> None:
-    """Sandbox, workspace PVC, ServiceAccount, NetworkPolicy, broker Secret, drain guard
-    and the checkpoint's VolumeSnapshot carry ``app.kubernetes.io/managed-by:
-    caliban-drain``; the pod, which the Sandbox's controller makes, does not."""
+    """Sandbox, workspace PVC, ServiceAccount, NetworkPolicy, broker Secret, task key
+    Secret, drain guard and the checkpoint's VolumeSnapshot carry
+    ``app.kubernetes.io/managed-by: caliban-drain``; the pod, which the Sandbox's
+    controller makes, does not."""
     name = "labelled"
     assert (
         stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=1500")).returncode
@@ -211,7 +215,11 @@ def test_everything_the_operator_creates_says_caliban_drain_manages_it(
     assert pvc in managed(stack, "pvc")
     assert name + "-sa" in managed(stack, "serviceaccount")
     assert name + "-netpol" in managed(stack, "netpol")
-    assert managed(stack, "secret") == ["caliban-drain-broker"]
+    uid = stack.task("default", name)["metadata"]["uid"]  # type: ignore[index]
+    secrets = set(managed(stack, "secret"))
+    task_keys = {secret for secret in secrets if "-key-" in secret}
+    assert secrets - task_keys == {"caliban-drain-broker"}
+    assert f"{name}-key-{uid}" in task_keys
     template = json.loads(stack.kubectl("get", SANDBOXES, name + "-sbx", "-o", "json").stdout)
     assert (
         "app.kubernetes.io/managed-by" not in template["spec"]["podTemplate"]["metadata"]["labels"]
