@@ -14,11 +14,13 @@ are escaped as cel-go escapes them, integers as int64, ``date-time``, ``duration
 ``byte`` strings as timestamp, duration and bytes); a transition rule (one naming
 ``oldSelf``) only on an update and only where the old object has a value at the node,
 list items correlated by their ``x-kubernetes-list-map-keys`` and map values by key.
-A failure is a :class:`~orchestrator.devcluster.schema.FieldError` worded as the API
-server words it (``spec.x: Invalid value: "string": <message>``); an evaluation error
-fails the rule with the error in the message. Programs are cached by their text and a
-schema's compiled rules by the schema, so a CRD's rules are compiled once; ``store``
-calls both functions.
+An update is ratcheted, as the API server ratchets it: a node it leaves as it was is not
+held to its rules again. A failure is a
+:class:`~orchestrator.devcluster.schema.FieldError` worded as the API server words it
+(``spec.x: Invalid value: "string": <message>``); an evaluation error fails the rule
+with the error in the message. Programs are cached by their text and a schema's
+compiled rules by the schema, so a CRD's rules are compiled once; ``store`` calls both
+functions.
 """
 
 from __future__ import annotations
@@ -396,6 +398,11 @@ def validate(
 
 def _evaluate(node: _Node, value: Any, old: Any, path: str, errors: list[FieldError]) -> None:
     if value is None:
+        return
+    if not isinstance(old, _Absent) and value == old:
+        # Ratcheting, as the API server does it: what an update leaves as it was is not
+        # held to the rules again (a status write never re-evaluates the spec's). A
+        # transition rule over an unchanged value (``self == oldSelf``) holds anyway.
         return
     if node.rules:
         this = _to_cel(_root_view(value) if not path else value, node.schema)

@@ -594,3 +594,34 @@ def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) 
         f'CalibanTask.{group} "t1" is invalid: spec: Invalid value: "object": '
         "spec.task.prompt is required with a workspaceRef"
     )
+
+
+def test_what_an_update_leaves_unchanged_is_not_held_to_a_rule_again(api: Api) -> None:
+    """Ratcheting, as the API server does it. Tried: a rule added to the CRD after an
+    object broke it; the object's other fields and its status still change, and a change
+    of the field that breaks it is refused. (Without it every status write of a task
+    evaluated every spec rule again: 3.75 ms a status patch against 1.27 ms.)"""
+    loose = {"type": "object", "properties": {"name": {"type": "string"},
+                                              "size": {"type": "integer"}}}  # fmt: skip
+    widgets = api.serve(crd(loose))
+    api.state.create(widgets, NS, widget("w", {"name": "a", "size": 5}))
+    strict = {**loose, "properties": {
+        "name": {"type": "string"},
+        "size": {"type": "integer",
+                 "x-kubernetes-validations": [{"rule": "self < 3", "message": "too big"}]},
+    }}  # fmt: skip
+    definition = crd(strict)
+    current = api.state.get(api.crds, None, definition["metadata"]["name"])
+    definition["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    api.state.replace(api.crds, None, definition["metadata"]["name"], definition)
+    served = api.registry.lookup(GROUP, "v1", "widgets")
+    assert served is not None
+    widgets = served  # served again with the rule
+
+    renamed, _, _ = api.state.patch(widgets, NS, "w", patching.MERGE_PATCH, {"spec": {"name": "b"}})
+    assert renamed["spec"] == {"name": "b", "size": 5}
+    api.state.patch(widgets, NS, "w", patching.MERGE_PATCH, {"status": {"seen": True}},
+                    subresource="status")  # fmt: skip
+    error = refused(api.state.patch, widgets, NS, "w", patching.MERGE_PATCH, {"spec": {"size": 4}})
+    assert "spec.size: Invalid value" in error.message and "too big" in error.message
+    assert api.state.get(widgets, NS, "w")["spec"]["size"] == 5
