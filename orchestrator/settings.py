@@ -9,11 +9,12 @@ each of those is declared once, in ``worker_agent.contract``.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from worker_agent import signing
@@ -21,6 +22,33 @@ from worker_agent.contract import BrokerSettings
 
 RECORD_SLACK_SECS = 10.0
 """Room for the record itself once its message is back and the database answers."""
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def parse_labels(text: str, name: str) -> dict[str, str]:
+    """``key=value[,key=value]`` as a label selector's ``matchLabels``; empty: none.
+    A malformed pair is refused with a message naming ``name`` and the pair."""
+    found: dict[str, str] = {}
+    for pair in (part.strip() for part in text.split(",")):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        key, value = key.strip(), value.strip()
+        if (
+            not sep
+            or not _LABEL_KEY.match(key)
+            or len(key) > 316
+            or not _LABEL_VALUE.match(value)
+            or len(value) > 63
+        ):
+            raise ValueError(f"{name}: {pair!r} is not a label key=value (e.g. team=monitoring)")
+        found[key] = value
+    return found
 
 
 class Settings(BrokerSettings):
@@ -98,6 +126,22 @@ class Settings(BrokerSettings):
     runs: an image is code that runs with the workspace and the broker credential."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+    monitoring_namespace_selector: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/monitoring": "true"}
+    )
+    """The labels of the namespaces whose pods may reach a task pod's metrics and probe
+    port (``DRAIN_MONITORING_NAMESPACE_SELECTOR``, ``key=value[,key=value]``): the task's
+    NetworkPolicy admits nothing else (the kubelet's probes are not subject to it)."""
+    broker_namespace_selector: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/broker-namespace": "true"}
+    )
+    """The labels of the broker's namespace (``DRAIN_BROKER_NAMESPACE_SELECTOR``), with
+    ``broker_pod_selector`` the only destination a task pod reaches on the broker's port.
+    Both empty: the broker's port anywhere (a broker outside the cluster)."""
+    broker_pod_selector: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/broker": "true"}
+    )
+    """The labels of the broker's pods (``DRAIN_BROKER_POD_SELECTOR``)."""
     daemon_broker_secret: str = "caliban-drain-broker"  # noqa: S105 - a Secret's name
     """The Secret (key ``url``) the operator keeps in each task's namespace holding the
     daemon broker URL (``DRAIN_DAEMON_BROKER_SECRET``); daemon pods read it through a
@@ -177,6 +221,18 @@ class Settings(BrokerSettings):
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(image.strip() for image in value.split(",") if image.strip())
+        return value
+
+    @field_validator(
+        "monitoring_namespace_selector",
+        "broker_namespace_selector",
+        "broker_pod_selector",
+        mode="before",
+    )
+    @classmethod
+    def _label_selector(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            return parse_labels(value, f"DRAIN_{(info.field_name or '').upper()}")
         return value
 
     @field_validator("message_key")

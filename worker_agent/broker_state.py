@@ -49,7 +49,7 @@ class Connection(Enum):
 class Report:
     pid: int
     problem: str | None
-    """None: ready; else why not (the ``/readyz`` 503 body)."""
+    """None: ready; else why not (logged when ``/readyz`` answers 503)."""
 
 
 # ------------------------------------------------------------------------ pure parts

@@ -135,16 +135,51 @@ def daemon_registry(multiproc_dir: Path | None) -> CollectorRegistry:
 # ------------------------------------------------------------------------ HTTP server
 
 Check = Callable[[], str | None]
-"""A health check: None when healthy, else why not (the probe's 503 body)."""
+"""A health check: None when healthy, else why not (logged, never served)."""
+
+UNAVAILABLE_BODY: Final = b"unavailable\n"
+"""What a failing check answers, whatever the reason: the port is reachable from the
+monitoring namespace and the kubelet, and a reason (a broker's address, an error's text)
+is for the component's log, not for whoever can reach a probe."""
+
+
+class ProbeLog:
+    """Each route's failure reason logged once when it changes, and its recovery once."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.lock = threading.Lock()
+        self.failing: dict[str, str] = {}
+
+    def record(self, route: str, problem: str | None) -> None:
+        with self.lock:
+            before = self.failing.get(route)
+            if problem == before:
+                return
+            if problem is None:
+                del self.failing[route]
+            else:
+                self.failing[route] = problem
+        if problem is None:
+            log.info("probe_passing component=%s route=%s", self.what, route)
+        else:
+            log.warning("probe_failing component=%s route=%s reason=%s", self.what, route, problem)
 
 
 class MetricsServer:
-    """``/metrics`` of ``registry`` and one route per health check, on a daemon thread."""
+    """``/metrics`` of ``registry`` and one route per health check, on a daemon thread.
+    A failing check answers 503 with :data:`UNAVAILABLE_BODY`; its reason is logged."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, checks: Mapping[str, Check]
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        checks: Mapping[str, Check],
+        what: str = "component",
     ) -> None:
         routes = dict(checks)
+        probe_log = ProbeLog(what)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -160,8 +195,11 @@ class MetricsServer:
                     problem = check()
                 except Exception as exc:  # a check that breaks is a failed check
                     problem = f"check failed: {exc}"
-                body = (problem or "ok").encode() + b"\n"
-                self._answer(200 if problem is None else 503, body, "text/plain")
+                probe_log.record(path, problem)
+                if problem is None:
+                    self._answer(200, b"ok\n", "text/plain")
+                else:
+                    self._answer(503, UNAVAILABLE_BODY, "text/plain")
 
             def _answer(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
@@ -197,7 +235,7 @@ def serve(
 ) -> MetricsServer | None:
     """Start serving, or log why not and answer None (metrics never stop a component)."""
     try:
-        server = MetricsServer(host, port, registry, checks).start()
+        server = MetricsServer(host, port, registry, checks, what).start()
     except OSError as exc:
         log.error("metrics_unavailable component=%s address=%s:%d error=%s", what, host, port, exc)
         return None

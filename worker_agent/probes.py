@@ -10,7 +10,8 @@
   old, and says its worker is connected and the broker answered a fresh connection
   within ``broker_state.CHECK_TIMEOUT_SECS``. A broker lost after the consumer
   connected makes the daemon unready within one report (``broker_state.CHECK_SECS``),
-  saying why; it is ready again once the worker has reconnected.
+  its log saying why (the probe itself answers only "unavailable"); it is ready again
+  once the worker has reconnected.
 
 A lost broker fails readiness only, never liveness: a broker outage reaches every
 daemon at once, and a liveness failure would have Kubernetes restart them all and kill

@@ -21,8 +21,8 @@ import copy
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from orchestrator.operator import crd
@@ -34,6 +34,8 @@ from worker_agent import signing
 from worker_agent.contract import daemon_queue
 from worker_agent.logformat import LOG_FORMAT_ENV, LogSettings
 
+DAEMON_METRICS_HOST_ENV: Final = "DRAIN_DAEMON_METRICS_HOST"
+POD_IP: Final[Manifest] = {"fieldRef": {"fieldPath": "status.podIP"}}
 SA_SUFFIX = "-sa"
 NETPOL_SUFFIX = "-netpol"
 DNS_PORT = 53
@@ -125,6 +127,9 @@ def sandbox(task: TaskRef, spec: TaskSpec, pvc_name: str, pod: PodSettings) -> M
                 "args": args,
                 "env": [
                     {"name": crd.BROKER_URL_ENV, "valueFrom": broker},
+                    # Metrics and probes on the pod's own address, where the kubelet
+                    # and the scrape reach them, and nowhere else.
+                    {"name": DAEMON_METRICS_HOST_ENV, "valueFrom": POD_IP},
                     {"name": LOG_FORMAT_ENV, "value": pod.log_format},
                     *_task_key_env(task, pod),
                     *({"name": n, "value": v} for n, v in spec.upstream_env),
@@ -288,23 +293,73 @@ def service_account(task: str, namespace: str, owner: Manifest) -> Manifest:
     }
 
 
+DNS_PEER: Final[Manifest] = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+"""The cluster's DNS: kube-dns's pods in kube-system (CoreDNS keeps that label)."""
+
+
+@dataclass(frozen=True)
+class NetworkPeers:
+    """Who a task's pod may be reached by and reach, by label (``Settings``)."""
+
+    monitoring_namespaces: dict[str, str] = field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/monitoring": "true"}
+    )
+    broker_namespaces: dict[str, str] = field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/broker-namespace": "true"}
+    )
+    broker_pods: dict[str, str] = field(
+        default_factory=lambda: {"caliban.caliban-ai.dev/broker": "true"}
+    )
+
+    @classmethod
+    def of(cls, settings: Settings) -> NetworkPeers:
+        return cls(
+            dict(settings.monitoring_namespace_selector),
+            dict(settings.broker_namespace_selector),
+            dict(settings.broker_pod_selector),
+        )
+
+    def broker(self) -> list[Manifest]:
+        """The broker's pods as a rule's ``to``; empty (anywhere) when no selector is set."""
+        peer: Manifest = {}
+        if self.broker_namespaces:
+            peer["namespaceSelector"] = {"matchLabels": dict(self.broker_namespaces)}
+        if self.broker_pods:
+            peer["podSelector"] = {"matchLabels": dict(self.broker_pods)}
+        return [peer] if peer else []
+
+
 def network_policy(
     task: str,
     namespace: str,
     owner: Manifest,
     broker_url: str,
     workspace_ports: Sequence[int] = (),
+    peers: NetworkPeers | None = None,
 ) -> Manifest:
-    """The task's pod takes connections only on the daemon's metrics port (what the
-    metrics scrape needs, as deploy/task-namespace/daemon-networkpolicy.yaml allows) and
-    reaches only DNS, the broker's port and ``workspace_ports`` (its Workspace provider's
-    and git remotes', ``workspace.egress_ports``)."""
-    egress: list[Manifest] = [
-        {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
-        {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]},
-    ]
+    """The task's pod takes connections only on the daemon's metrics port and only from
+    the monitoring namespaces (the scrape; the kubelet's probes are not subject to a
+    NetworkPolicy), as deploy/task-namespace/daemon-networkpolicy.yaml allows; it reaches
+    only the cluster's DNS, the broker's pods on the broker's port and ``workspace_ports``
+    (its Workspace provider's and git remotes', ``workspace.egress_ports``, wherever
+    they are: those hosts are outside the cluster)."""
+    peers = peers or NetworkPeers()
+    dns_ports = [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]
+    to_broker: Manifest = {"ports": [{"protocol": "TCP", "port": broker_port(broker_url)}]}
+    if peers.broker():
+        to_broker = {"to": peers.broker(), **to_broker}
+    egress: list[Manifest] = [{"to": [copy.deepcopy(DNS_PEER)], "ports": dns_ports}, to_broker]
     if workspace_ports:
         egress.append({"ports": [{"protocol": "TCP", "port": p} for p in workspace_ports]})
+    scrape: Manifest = {"ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}]}
+    if peers.monitoring_namespaces:
+        scrape = {
+            "from": [{"namespaceSelector": {"matchLabels": dict(peers.monitoring_namespaces)}}],
+            **scrape,
+        }
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -317,7 +372,7 @@ def network_policy(
         "spec": {
             "podSelector": {"matchLabels": {crd.TASK_LABEL: task}},
             "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}]}],
+            "ingress": [scrape],
             "egress": egress,
         },
     }

@@ -301,7 +301,8 @@ async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest
     await kube.apply_service_account(children.service_account(p.name, p.namespace, p.owner()))
     try:
         ports = workspaces.egress_ports(spec.binding) if spec.binding else ()
-        policy = children.network_policy(p.name, p.namespace, p.owner(), broker, ports)
+        peers = children.NetworkPeers.of(p.settings)
+        policy = children.network_policy(p.name, p.namespace, p.owner(), broker, ports, peers)
     except ValueError as exc:  # a broker URL whose port cannot be told
         log.warning("network_policy_skipped reason=%r", str(exc))
     else:

@@ -1,6 +1,7 @@
 """The daemon's ``/healthz``, ``/readyz`` and ``/metrics`` (``--metrics-port``), on a real
 ``drainctl daemon`` with its Celery consumer and a real embedded broker: not ready while
-its broker is unreachable (and saying why), ready once the broker comes; unready again
+its broker is unreachable (saying why in its log, "unavailable" to whoever probes),
+ready once the broker comes; unready again
 when the broker stops or stops answering after the consumer connected, while liveness
 and the agents are untouched, and ready once it is back; its live agents counted."""
 
@@ -28,6 +29,22 @@ NOT_CONNECTED_YET = "the consumer is not connected to the broker yet: "
 
 def agents_live(url: str) -> float:
     return value(scrape(url), "caliban_drain_agents_live")
+
+
+READY_REASON = "probe_failing component=daemon route=/readyz reason="
+
+
+def unready_because(daemon: DaemonProcess, url: str) -> str:
+    """Probe /readyz (a failing probe answers only "unavailable") and answer the reason
+    the daemon logged for it: its latest ``probe_failing`` line for the route."""
+    assert fetch(url + "/readyz") == (503, "unavailable\n")
+    said = [
+        line.split(READY_REASON, 1)[1]
+        for line in daemon.log.read_text(errors="replace").splitlines()
+        if READY_REASON in line
+    ]
+    assert said, "the daemon answered 503 without logging why"
+    return said[-1]
 
 
 class EmbeddedBroker(Subprocess):
@@ -61,14 +78,13 @@ def test_a_daemon_is_live_but_not_ready_until_its_consumer_reaches_the_broker(
     embedded = None
     try:
         assert fetch(url + "/healthz") == (200, "ok\n")
-        status, why = fetch(url + "/readyz")
-        assert status == 503
+        why = unready_because(daemon, url)
         assert why.startswith(
             ("the consumer process is not running", "the consumer has not reported")
         ) or why.startswith(NOT_CONNECTED_YET), why
         # The consumer's report names the broker's own error once it has tried.
-        wait_until(lambda: fetch(url + "/readyz")[1].startswith(NOT_CONNECTED_YET), 60, "why")
-        assert "Connection refused" in fetch(url + "/readyz")[1]
+        wait_until(lambda: unready_because(daemon, url).startswith(NOT_CONNECTED_YET), 60, "why")
+        assert "Connection refused" in unready_because(daemon, url)
         with daemon.client() as client:
             client.spawn(provider="scripted", model="turns=1000,turn_ms=100")
         wait_until(lambda: agents_live(url + "/metrics") == 1, 30, "one agent live")
@@ -95,8 +111,7 @@ class Outage:
     def unready_but_live(self) -> str:
         """Wait for /readyz to fail; check /healthz and the agent did not; answer why."""
         wait_until(lambda: fetch(self.url + "/readyz")[0] == 503, 60, "the daemon unready")
-        status, why = fetch(self.url + "/readyz")
-        assert status == 503
+        why = unready_because(self.daemon, self.url)
         assert fetch(self.url + "/healthz") == (200, "ok\n")
         during = self.daemon.records()[self.agent.id]
         assert during.status.live and during.created_at == self.agent.created_at
@@ -138,7 +153,7 @@ def test_a_daemon_whose_broker_stops_is_unready_but_live_and_its_agent_keeps_wor
     tmp_short: Path,
 ) -> None:
     """A broker lost after the consumer connected (its process gone, its connections
-    closed): /readyz turns 503 and says why, /healthz stays 200 (a broker outage must not
+    closed): /readyz turns 503 and the log says why, /healthz stays 200 (a broker outage must not
     get every daemon restarted), the agent keeps working; the broker back on its port,
     the daemon is ready again. Default probe timing."""
     with outage_stage(tmp_short, "caliband.default.stopped") as stage:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.operator import children, crd, workspace
+from orchestrator.settings import Settings
 
 OWNER = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": "t", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}  # fmt: skip
@@ -48,10 +49,56 @@ def test_the_network_policy_admits_only_metrics_and_reaches_only_dns_and_the_bro
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {crd.TASK_LABEL: "t"}}
     assert spec["policyTypes"] == ["Ingress", "Egress"]
-    assert spec["ingress"] == [{"ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}]}]
+    monitoring = {"matchLabels": {"caliban.caliban-ai.dev/monitoring": "true"}}
+    assert spec["ingress"] == [
+        {
+            "from": [{"namespaceSelector": monitoring}],
+            "ports": [{"protocol": "TCP", "port": crd.DAEMON_METRICS_PORT}],
+        }
+    ]
     ports = sorted((p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"])
     assert ports == [("TCP", 53), ("TCP", 7000), ("UDP", 53)]
+    dns, broker = spec["egress"]
+    assert dns["to"] == [children.DNS_PEER]
+    assert broker["to"] == [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"caliban.caliban-ai.dev/broker-namespace": "true"}
+            },
+            "podSelector": {"matchLabels": {"caliban.caliban-ai.dev/broker": "true"}},
+        }
+    ]
     assert "pw" not in str(policy)
+
+
+def test_the_network_policys_peers_follow_the_operators_selectors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tried: a monitoring namespace named by its name label, and no broker selectors
+    (a broker outside the cluster: its port anywhere)."""
+    monkeypatch.setenv(
+        "DRAIN_MONITORING_NAMESPACE_SELECTOR", "kubernetes.io/metadata.name=monitoring"
+    )
+    monkeypatch.setenv("DRAIN_BROKER_NAMESPACE_SELECTOR", "")
+    monkeypatch.setenv("DRAIN_BROKER_POD_SELECTOR", "")
+    peers = children.NetworkPeers.of(Settings())
+    spec = children.network_policy("t", "ns", OWNER, "redis://broker:6379/0", (), peers)["spec"]
+    [scrape] = spec["ingress"]
+    assert scrape["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    dns, broker = spec["egress"]
+    assert dns["to"] == [children.DNS_PEER]
+    assert broker == {"ports": [{"protocol": "TCP", "port": 6379}]}
+
+
+@pytest.mark.parametrize("bad", ["app", "=x", "a b=c", "team=mon itoring", "x=" + "v" * 64])
+def test_a_malformed_selector_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    monkeypatch.setenv("DRAIN_BROKER_POD_SELECTOR", bad)
+    with pytest.raises(ValueError, match=r"DRAIN_BROKER_POD_SELECTOR: .* is not a label key=value"):
+        Settings()
 
 
 def test_a_workspace_task_also_reaches_its_providers_and_remotes_ports() -> None:

@@ -54,6 +54,14 @@ def test_the_daemon_serves_its_probes_on_the_port_the_container_declares(
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     # The daemon's own default is the same port, so a pod built by hand matches too.
     assert DaemonSettings.model_fields["metrics_port"].default == crd.DAEMON_METRICS_PORT
+    # Served on the pod's own address (where the kubelet and the scrape reach), not on
+    # every interface: the daemon reads the host from this variable.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DRAIN_DAEMON_METRICS_HOST"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }
+    monkeypatch.setenv("DRAIN_DAEMON_METRICS_HOST", "10.0.0.7")
+    assert DaemonSettings().metrics_host == "10.0.0.7"
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

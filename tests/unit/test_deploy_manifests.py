@@ -18,6 +18,7 @@ offline.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -245,7 +246,7 @@ def test_production_runs_two_operators_and_migrates_the_ledger_before_the_operat
     assert migrate["args"] == ["db", "upgrade"]
     (main,) = spec["containers"]
     assert main["args"] == ["operator", "--manage-sandbox", "--peering", "caliban-drain",
-                            "--liveness", "http://0.0.0.0:8080/healthz"]  # fmt: skip
+                            "--liveness", "http://$(DRAIN_POD_IP):8080/healthz"]  # fmt: skip
     assert migrate["image"] == main["image"] == "ghcr.io/caliban-ai/caliban-drain:0.1.0"
     env = {e["name"]: e for e in main["env"]}
     assert env["DRAIN_DAEMON_IMAGE"]["value"] == main["image"]
@@ -267,6 +268,45 @@ def test_the_daemon_network_policy_lets_daemons_reach_only_the_broker_and_dns(
     ports = sorted((p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"])
     assert ports == [("TCP", 53), ("TCP", 5672), ("TCP", 6379), ("UDP", 53)]
     assert all(rule.get("to") for rule in spec["egress"])  # no rule open to everywhere
+    assert spec["ingress"] == [{"from": [MONITORING], "ports": [{"protocol": "TCP", "port": 9102}]}]
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"caliban.caliban-ai.dev/monitoring": "true"}}}
+
+
+def test_the_control_plane_is_reached_only_from_monitoring_and_reaches_only_named_peers(
+    rendered: list[dict[str, Any]],
+) -> None:
+    (policy,) = [
+        o for o in rendered if ident(o) == "NetworkPolicy caliban-drain/caliban-drain-control-plane"
+    ]
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert [rule["from"] for rule in spec["ingress"]] == [[MONITORING]]
+    ports = {p["port"] for rule in spec["ingress"] for p in rule["ports"]}
+    assert ports == {9100, 9101, 5555}
+    # Every egress rule names its destination, but the API server's, which no selector
+    # names portably: that one opens its two ports only.
+    open_rules = [rule for rule in spec["egress"] if not rule.get("to")]
+    assert [sorted(p["port"] for p in rule["ports"]) for rule in open_rules] == [[443, 6443]]
+    named = {p["port"] for rule in spec["egress"] if rule.get("to") for p in rule["ports"]}
+    assert named == {53, 6379, 5672, 5432}
+
+
+@pytest.mark.parametrize("deployment", ["caliban-drain-operator", "caliban-drain-worker"])
+def test_metrics_and_probes_are_served_on_the_pods_own_address_only(
+    rendered: list[dict[str, Any]], deployment: str
+) -> None:
+    """Not on 0.0.0.0: the pod's IP, from the downward API, defined before the variable
+    that refers to it (Kubernetes expands $(VAR) only from variables listed earlier)."""
+    (dep,) = [o for o in rendered if ident(o) == f"Deployment caliban-drain/{deployment}"]
+    (main,) = dep["spec"]["template"]["spec"]["containers"]
+    names = [e["name"] for e in main["env"]]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["DRAIN_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["DRAIN_METRICS_HOST"]["value"] == "$(DRAIN_POD_IP)"
+    assert names.index("DRAIN_POD_IP") < names.index("DRAIN_METRICS_HOST")
+    assert "0.0.0.0" not in json.dumps(main)
 
 
 # ------------------------------------------------------------------- the checks, failing

@@ -5,6 +5,7 @@ name is one the code's registries define, and the rules file is Prometheus rule 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -285,20 +286,39 @@ def test_a_failed_resume_is_a_resume_duration_not_a_drain_duration(ledger: Ledge
 # ---------------------------------------------------------------------- probe server
 
 
-def test_the_probe_server_answers_metrics_checks_and_says_why_not_ready() -> None:
+def test_the_probe_server_answers_a_generic_503_and_logs_why_once_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tried: a check failing with a reason that names the broker's address, three probes
+    in a row, then a different reason, then healthy. The body never carries the reason
+    (whoever reaches the port reads only "unavailable"); the log says it once per change."""
     registry = CollectorRegistry()
-    checks = {"/healthz": lambda: None, "/readyz": lambda: "the broker is unreachable"}
-    server = daemon_metrics.MetricsServer("127.0.0.1", 0, registry, checks).start()
+    reason = ["the broker redis://broker.internal:6379/0 is unreachable"]
+    checks = {"/healthz": lambda: None, "/readyz": lambda: reason[0] or None}
+    server = daemon_metrics.MetricsServer("127.0.0.1", 0, registry, checks, "test").start()
+    caplog.set_level(logging.INFO, logger=daemon_metrics.__name__)
     try:
         base = f"http://127.0.0.1:{server.port}"
         assert fetch(base + "/healthz") == (200, "ok\n")
-        assert fetch(base + "/readyz") == (503, "the broker is unreachable\n")
+        for _ in range(3):
+            assert fetch(base + "/readyz") == (503, "unavailable\n")
+        reason[0] = "the consumer has not reported"
+        assert fetch(base + "/readyz") == (503, "unavailable\n")
+        reason[0] = ""
+        assert fetch(base + "/readyz") == (200, "ok\n")
         assert fetch(base + "/nothing")[0] == 404
         status, text = fetch(base + "/metrics")
         assert status == 200
         assert parse(text) == {}
     finally:
         server.close()
+    said = [r.getMessage() for r in caplog.records if "route=/readyz" in r.getMessage()]
+    assert said == [
+        "probe_failing component=test route=/readyz "
+        "reason=the broker redis://broker.internal:6379/0 is unreachable",
+        "probe_failing component=test route=/readyz reason=the consumer has not reported",
+        "probe_passing component=test route=/readyz",
+    ]
 
 
 def test_the_workers_readiness_fails_without_its_broker_and_passes_with_its_ledger(
