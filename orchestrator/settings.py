@@ -17,6 +17,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from orchestrator.operator import crd
 from worker_agent import signing
 from worker_agent.contract import BrokerSettings
 
@@ -126,20 +127,28 @@ class Settings(BrokerSettings):
     runs: an image is code that runs with the workspace and the broker credential."""
     daemon_broker_url: str | None = None
     """The broker URL daemons use (as seen from their pods); defaults to ``broker_url``."""
+    broker_admin_url: SecretStr | None = None
+    """An admin connection to the daemons' broker, held by the operator alone
+    (``DRAIN_BROKER_ADMIN_URL``): Redis's (``redis://``, a user allowed ``ACL SETUSER``)
+    or RabbitMQ's management API (``http(s)://user:password@HOST:15672``). Set, each task
+    namespace's daemons get a broker user of their own (``broker_tenants``) that reaches
+    only that namespace's queues and the orchestrator's; its URL is what the namespace's
+    broker Secret holds. Needs ``DRAIN_MESSAGE_KEY`` (the users' passwords derive from
+    it). Unset: the Secret holds ``daemon_broker_url`` as it is."""
     monitoring_namespace_selector: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/monitoring": "true"}
+        default_factory=lambda: {crd.MONITORING_NAMESPACE_LABEL: "true"}
     )
     """The labels of the namespaces whose pods may reach a task pod's metrics and probe
     port (``DRAIN_MONITORING_NAMESPACE_SELECTOR``, ``key=value[,key=value]``): the task's
     NetworkPolicy admits nothing else (the kubelet's probes are not subject to it)."""
     broker_namespace_selector: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/broker-namespace": "true"}
+        default_factory=lambda: {crd.BROKER_NAMESPACE_LABEL: "true"}
     )
     """The labels of the broker's namespace (``DRAIN_BROKER_NAMESPACE_SELECTOR``), with
     ``broker_pod_selector`` the only destination a task pod reaches on the broker's port.
     Both empty: the broker's port anywhere (a broker outside the cluster)."""
     broker_pod_selector: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/broker": "true"}
+        default_factory=lambda: {crd.BROKER_POD_LABEL: "true"}
     )
     """The labels of the broker's pods (``DRAIN_BROKER_POD_SELECTOR``)."""
     daemon_broker_secret: str = "caliban-drain-broker"  # noqa: S105 - a Secret's name
@@ -267,6 +276,27 @@ class Settings(BrokerSettings):
         if self.existing_sandboxes:
             self.manage_sandbox = True
         return self
+
+    @model_validator(mode="after")
+    def _tenants_can_be_made(self) -> Self:
+        if self.broker_admin_url is None:
+            return self
+        from orchestrator.broker_tenants import check_admin_url
+
+        # Only the operator that provisions makes tenants: the other processes of a stack
+        # given the same environment (drainctl audit, the worker) never use the key for it.
+        if self.message_key is None and self.manage_sandbox:
+            raise ValueError(
+                "DRAIN_BROKER_ADMIN_URL needs DRAIN_MESSAGE_KEY: the tenants' broker "
+                "passwords are derived from it"
+            )
+        check_admin_url(self.broker_admin_url.get_secret_value(), self.daemons_broker_url)
+        return self
+
+    @property
+    def daemons_broker_url(self) -> str:
+        """The broker URL daemons reach, before any tenant's credentials."""
+        return self.daemon_broker_url or self.broker_url
 
     @model_validator(mode="after")
     def _a_snapshot_is_cut_before_it_is_ready(self) -> Self:

@@ -34,11 +34,19 @@ if port_open 5672; then
   echo "rabbitmq: up on 127.0.0.1:5672"
 elif command -v rabbitmq-server >/dev/null 2>&1; then
   echo "rabbitmq: starting"
-  rabbitmq-server -detached || true
+  # Its management API (for the per-tenant broker users' tests) on 127.0.0.1 only.
+  RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-rabbitmq_management tcp_config [{ip,"127.0.0.1"},{port,15672}]' \
+    rabbitmq-server -detached || true
   # The node takes a few seconds to boot before it listens.
   for _ in $(seq 1 3); do wait_port 5672 && break; done
   port_open 5672 && echo "rabbitmq: up" || echo "rabbitmq: did not come up (see rabbitmqctl status)"
 else
   echo "rabbitmq: not installed; the amqp variants of the pipeline tests will skip"
+fi
+if port_open 5672 && ! port_open 15672 && command -v rabbitmq-plugins >/dev/null 2>&1; then
+  echo "rabbitmq: enabling its management API on 127.0.0.1:15672"
+  rabbitmqctl eval 'application:load(rabbitmq_management), application:set_env(rabbitmq_management, tcp_config, [{ip, "127.0.0.1"}, {port, 15672}]).' >/dev/null 2>&1 || true
+  rabbitmq-plugins enable rabbitmq_management >/dev/null 2>&1 || true
+  wait_port 15672 && echo "rabbitmq management: up" || echo "rabbitmq management: did not come up; the RabbitMQ tenant tests will skip"
 fi
 exit 0

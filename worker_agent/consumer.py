@@ -63,6 +63,7 @@ from worker_agent.contract import (
     ScaleDownRequest,
     ScaleUpRequest,
     celery_config,
+    daemon_celery_config,
     malformed,
     parse_daemon_queue,
     refusal,
@@ -829,6 +830,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     logformat.install_celery_hooks()
     ConsumerTask.serve(config)
+    app.conf.update(daemon_celery_config(BrokerSettings(), config.namespace))
     attend(app, config, os.environ.get(metrics.MULTIPROC_ENV))
     code = run_worker(
         app,

@@ -266,6 +266,76 @@ def celery_config(settings: BrokerSettings) -> dict[str, Any]:
     )
 
 
+def daemon_unacked_keys(namespace: str) -> dict[str, str]:
+    """Where a Redis broker keeps the messages ``namespace``'s daemons have taken and not
+    acknowledged yet: keys of their own, under their queues' prefix (``_`` cannot begin
+    a task's name), not the one hash every other consumer shares. A tenant's broker user
+    (``orchestrator.broker_tenants``) reaches these and no one else's."""
+    own = f"caliband.{namespace}._unacked"
+    return {
+        "unacked_key": own,
+        "unacked_index_key": f"{own}_index",
+        "unacked_mutex_key": f"{own}_mutex",
+    }
+
+
+TENANT_USER_PREFIX: Final = "caliban-drain."
+"""The broker users the operator makes for task namespaces (``orchestrator.broker_tenants``)
+are named ``caliban-drain.<namespace>.<fingerprint>``: a daemon whose broker URL names
+such a user knows it holds a tenant's rights only."""
+
+
+def is_tenant_url(url: str) -> bool:
+    from urllib.parse import unquote, urlsplit
+
+    return unquote(urlsplit(url).username or "").startswith(TENANT_USER_PREFIX)
+
+
+def daemon_celery_config(settings: BrokerSettings, namespace: str) -> dict[str, Any]:
+    """What a daemon's consumer of ``namespace`` runs with on top of ``celery_config``,
+    so that it needs no broker right beyond its own queues and publishing to the
+    orchestrator's:
+
+    - on Redis, its unacknowledged messages under its own keys (``daemon_unacked_keys``);
+    - no remote control: a worker that takes remote control listens to, and so must be
+      allowed to publish on, the broadcast every worker obeys (a ``shutdown`` from one
+      tenant would reach the orchestrator's workers);
+    - as a tenant (``is_tenant_url``), the orchestrator's queue published to, never
+      declared: declaring it needs the right to delete it on RabbitMQ, and on Redis to
+      read it and to bind queues of one's own to it. The orchestrator's worker declares
+      it when it starts. (Without a tenant's user the daemon declares it, as every
+      Celery client does, so a daemon started before any worker still reaches it.)"""
+    from kombu import Exchange, Queue
+
+    options = dict(_transport_options(settings, settings.broker_url))
+    if url_scheme(settings.broker_url) in ("redis", "rediss", "sentinel"):
+        options.update(daemon_unacked_keys(namespace))
+    config: dict[str, Any] = {
+        "broker_transport_options": options,
+        "worker_enable_remote_control": False,
+    }
+    if is_tenant_url(settings.broker_url):
+        # Through the orchestrator's exchange: Celery would otherwise publish through
+        # the default exchange, which reaches every queue by name and which a tenant
+        # may not use.
+        config["task_routes"] = {
+            "caliban.orchestrator.*": {
+                "queue": ORCHESTRATOR_QUEUE,
+                "exchange": ORCHESTRATOR_QUEUE,
+                "routing_key": ORCHESTRATOR_QUEUE,
+            }
+        }
+        config["task_queues"] = [
+            Queue(
+                ORCHESTRATOR_QUEUE,
+                Exchange(ORCHESTRATOR_QUEUE),
+                routing_key=ORCHESTRATOR_QUEUE,
+                no_declare=True,
+            )
+        ]
+    return config
+
+
 def stamp_messages() -> None:
     """Every message this process publishes carries its sent time, for the queue wait."""
     from celery.signals import before_task_publish

@@ -118,9 +118,12 @@ def _validation_error(exc: Any) -> DrainctlError:
     prefix = prefixes.get(str(getattr(exc, "title", "")), "")
     problems = []
     for error in exc.errors():
-        field = ".".join(str(part) for part in error.get("loc", ())) or "value"
-        name = f"{prefix}{field.upper()}" if prefix else field
+        field = ".".join(str(part) for part in error.get("loc", ()))
         message = hide_password(str(error.get("msg", "invalid")))
+        if not field:  # a check across settings: its message names the variables
+            problems.append(message.removeprefix("Value error, "))
+            continue
+        name = f"{prefix}{field.upper()}" if prefix else field
         problems.append(f"{name}: {message}{_shown_input(error.get('input'))}")
     return Misconfigured(
         f"invalid settings: {'; '.join(problems)}; fix the environment variable or option"

@@ -57,11 +57,11 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -76,6 +76,7 @@ from orchestrator.operator.crd import (
 )
 from worker_agent import reaper
 from worker_agent.children import dying_with_this_process
+from worker_agent.contract import is_tenant_url
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,23 @@ def empty_dir(state_dir: Path, sandbox_uid: str, volume: str) -> Path:
     the daemon's control socket is, for a user who talks to it directly). Per pod: a
     re-created Sandbox never shares its old socket dir."""
     return state_dir / "run" / sandbox_uid[:13] / volume
+
+
+CONTROL_PLANE_ONLY: Final = frozenset({"DRAIN_MESSAGE_KEY", "DRAIN_BROKER_ADMIN_URL"})
+"""What the stack's processes hold and no pod may inherit: the message key (a pod has its
+task's key) and the broker's admin connection (a pod has its namespace's user)."""
+
+
+def pod_environment(inherited: Mapping[str, str], container: Mapping[str, str]) -> dict[str, str]:
+    """A pod's process environment: the stack's (this machine stands in for the node),
+    but for what is the control plane's alone, under the container's own. A pod given a
+    tenant's broker user (``contract.is_tenant_url``) keeps its results there too, as a
+    real pod does (it has no result backend of its own), not in the stack's backend."""
+    env = {k: v for k, v in inherited.items() if k not in CONTROL_PLANE_ONLY}
+    env.update(container)
+    if is_tenant_url(env.get("DRAIN_BROKER_URL", "")) and "DRAIN_RESULT_BACKEND" not in container:
+        env.pop("DRAIN_RESULT_BACKEND", None)
+    return env
 
 
 class SandboxController:
@@ -511,9 +529,7 @@ class SandboxController:
         self._init_backoff.pop(key, None)
         self._waiting.pop(key, None)
         argv = self._argv(container, self._local_mounts(key, namespace, container, volumes))
-        # The message key is the control plane's alone: a pod has its task's key.
-        inherited = {k: v for k, v in os.environ.items() if k != "DRAIN_MESSAGE_KEY"}
-        env = {**inherited, **self.env, **environments[-1]}
+        env = pod_environment({**os.environ, **self.env}, environments[-1])
         argv, env = self.own_metrics_port(namespace, name, argv, env)
         with log_path.open("ab") as out:
             process = await asyncio.create_subprocess_exec(

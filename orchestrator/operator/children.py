@@ -305,14 +305,12 @@ class NetworkPeers:
     """Who a task's pod may be reached by and reach, by label (``Settings``)."""
 
     monitoring_namespaces: dict[str, str] = field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/monitoring": "true"}
+        default_factory=lambda: {crd.MONITORING_NAMESPACE_LABEL: "true"}
     )
     broker_namespaces: dict[str, str] = field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/broker-namespace": "true"}
+        default_factory=lambda: {crd.BROKER_NAMESPACE_LABEL: "true"}
     )
-    broker_pods: dict[str, str] = field(
-        default_factory=lambda: {"caliban.caliban-ai.dev/broker": "true"}
-    )
+    broker_pods: dict[str, str] = field(default_factory=lambda: {crd.BROKER_POD_LABEL: "true"})
 
     @classmethod
     def of(cls, settings: Settings) -> NetworkPeers:

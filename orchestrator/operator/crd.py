@@ -46,6 +46,11 @@ TASK_LABEL: Final = f"{GROUP}/task"
 """On a task's Sandbox and workspace PVC: the task's name."""
 
 CHECKPOINT_LABEL: Final = f"{GROUP}/checkpoint"
+MONITORING_NAMESPACE_LABEL: Final = f"{GROUP}/monitoring"
+"""On the namespaces whose pods may scrape a task pod's metrics (the default selector)."""
+BROKER_NAMESPACE_LABEL: Final = f"{GROUP}/broker-namespace"
+BROKER_POD_LABEL: Final = f"{GROUP}/broker"
+"""On the broker's namespace and pods: the only destination of a task pod's broker port."""
 """On a retained workspace PVC: the ref of the checkpoint it holds."""
 
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"

@@ -7,10 +7,12 @@ running task re-created on the same workspace. The Sandbox's pod template is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
 
+from orchestrator import broker_tenants
 from orchestrator.ledger import (
     OperationKind,
 )
@@ -37,6 +39,7 @@ from orchestrator.operator.taskpass import (
     TaskPass,
     ledger_call,
 )
+from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -290,13 +293,29 @@ def existing_sandbox_missing(p: TaskPass, name: str) -> None:
     p.set_condition("SandboxFound", False, "SandboxNotFound", message)
 
 
+async def daemons_url(settings: Settings, namespace: str) -> str:
+    """The broker URL ``namespace``'s daemons get: their tenant user's, made (or made
+    equal again) now, where the operator makes tenants; else the daemons' broker URL."""
+    admin = settings.broker_admin_url
+    tenants = broker_tenants.tenants_for(
+        None if admin is None else admin.get_secret_value(),
+        settings.daemons_broker_url,
+        settings.message_key_bytes,
+    )
+    if tenants is None:
+        return settings.daemons_broker_url
+    return await asyncio.to_thread(tenants.ensure, namespace)
+
+
 async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest:
     """The task's Sandbox, after the namespace's broker Secret its pod reads, its
     ServiceAccount and its default-deny NetworkPolicy: each applied (server-side, by
     field manager ``crd.FIELD_MANAGER``), so created, or made equal to the spec where
     it is there already. The Sandbox as stored."""
-    broker = p.settings.daemon_broker_url or p.settings.broker_url
-    await kube.ensure_broker_secret(p.namespace, p.settings.daemon_broker_secret, broker)
+    broker = p.settings.daemons_broker_url
+    await kube.ensure_broker_secret(
+        p.namespace, p.settings.daemon_broker_secret, await daemons_url(p.settings, p.namespace)
+    )
     await ensure_task_key(p)
     await kube.apply_service_account(children.service_account(p.name, p.namespace, p.owner()))
     try:

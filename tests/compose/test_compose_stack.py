@@ -23,15 +23,17 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from base64 import b64encode
+from base64 import b64decode, b64encode
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
 
 from tests.compose import images
+from worker_agent.contract import ORCHESTRATOR_QUEUE, TENANT_USER_PREFIX
 from worker_agent.testing import wait_until
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(480)]
@@ -81,6 +83,7 @@ class ComposeStack:
             "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
             "FLOWER_BASIC_AUTH": self.flower_login,
             "DRAIN_MESSAGE_KEY": secrets.token_hex(32),
+            "REDIS_PASSWORD": secrets.token_urlsafe(16),
             "DRAIN_UID": IMAGE_UID, "DRAIN_GID": IMAGE_UID,
             "KUBE_DIR": self.kube_dir,
             "DRAIN_IMAGE": app_image,
@@ -268,6 +271,9 @@ def test_a_stack_started_while_postgresql_initialises_waits_for_it_and_ends_heal
     # The daemons inherit the stand-in controller's environment: no ledger password there.
     controller_env = stack.containers()["sandbox-controller"]["Config"]["Env"]
     assert [e for e in controller_env if e.startswith("DRAIN_DATABASE_URL=")] == []
+    # nor the broker's admin URL, nor the message key
+    assert [e for e in controller_env
+            if e.startswith(("DRAIN_BROKER_ADMIN_URL=", "DRAIN_MESSAGE_KEY="))] == []  # fmt: skip
 
 
 def test_postgresql_crashing_under_the_running_stack_is_recovered_from(
@@ -297,6 +303,17 @@ def test_create_run_delete_checkpoint_and_restore_through_kubectl_ledger_and_flo
         return len(agents) == 2 and all(a["turns"] >= 2 for a in agents.values())
 
     wait_until(running_agents, 120, "2 agents with 2+ turns")
+    # The pod's broker user is its namespace's own, which the broker refuses the
+    # orchestrator's queue: the agents above ran, and drain below, on that user.
+    secret = json.loads(stack.kubectl("get", "secret", "caliban-drain-broker", "-o", "json"))
+    tenant = urlsplit(b64decode(secret["data"]["url"]).decode())
+    assert unquote(tenant.username or "").startswith(f"{TENANT_USER_PREFIX}default."), tenant
+    refused = stack.exec_in(
+        "redis", "redis-cli", "-p", str(tenant.port), "--user", unquote(tenant.username or ""),
+        "--pass", unquote(tenant.password or ""), "--no-auth-warning",
+        "LRANGE", ORCHESTRATOR_QUEUE, "0", "-1",
+    )  # fmt: skip
+    assert "NOPERM" in refused, refused
 
     stack.kubectl("delete", "ctask", "story", "--timeout", "120s")
     assert stack.kubectl("get", "ctask", "-o", "name") == ""

@@ -261,15 +261,19 @@ def test_every_path_and_link_in_a_doc_exists_in_the_repository(doc: Path) -> Non
 
 @pytest.mark.parametrize("doc", _docs(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_test_a_doc_names_exists(doc: Path) -> None:
-    """``file.py::test_name`` names a test function in that file under ``tests/``; a bare
+    """``file.py::test_name`` names a test function in a file of that name under
+    ``tests/`` (``tests/unit/file.py::test_name``: in that very file); a bare
     ``::test_name`` continues the file named just before it."""
-    files = {path.name: path for path in (REPO / "tests").rglob("test_*.py")}
+    files: dict[str, list[Path]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        files.setdefault(path.name, []).append(path)
     missing, last = [], ""
     for cited in re.findall(r"`([\w./]*::\w+)`", doc.read_text(encoding="utf-8")):
         name, _, test = cited.partition("::")
-        last = Path(name).name or last
-        path = files.get(last)
-        if path is None or not re.search(rf"^\s*(?:async )?def {test}\(", path.read_text(), re.M):
+        last = name or last
+        paths = [REPO / last] if "/" in last else files.get(Path(last).name, [])
+        defined = rf"^\s*(?:async )?def {test}\("
+        if not any(p.is_file() and re.search(defined, p.read_text(), re.M) for p in paths):
             missing.append(cited)
     assert not missing, f"{doc.relative_to(REPO)} names tests that do not exist: {missing}"
 

@@ -42,6 +42,7 @@ CONTRACT_SECRETS = {
     "caliban-drain-ledger": {"url"},
     "caliban-drain-flower": {"basic-auth"},
     "caliban-drain-message-key": {"key"},
+    "caliban-drain-broker-admin": {"url"},
 }
 """Secret name → the keys the manifests read: created by the installer, never here."""
 SENSITIVE_ENV = re.compile(r"(_URL|URL_|PASSWORD|TOKEN|SECRET|BASIC_AUTH|_KEY)$|^DRAIN_.*_URL$")
