@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from orchestrator.ledger import Ledger, LedgerError
+from orchestrator.operator.failures import one_line
 from orchestrator.operator.pacing import Heartbeat, heartbeat_of, newer
 
 log = logging.getLogger(__name__)
@@ -166,10 +167,12 @@ async def feed(ledger: Ledger, stewards: WorkQueue, interval_secs: float) -> Non
             failing = False
         except (LedgerError, OSError, RuntimeError) as exc:
             if not failing:
-                log.warning("event feed: cannot read the ledger (%s); trying again", exc)
+                log.warning("event feed: cannot read the ledger (%s); trying again", one_line(exc))
             failing = True
         except Exception as exc:
             if not failing:
-                log.warning("event feed: reading the ledger failed (%s); trying again", exc)
+                log.warning(
+                    "event feed: reading the ledger failed (%s); trying again", one_line(exc)
+                )
             failing = True
         await asyncio.sleep(interval_secs)

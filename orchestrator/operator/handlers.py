@@ -35,6 +35,7 @@ from orchestrator.operator import (
     workspace_status,
 )
 from orchestrator.operator.context import OperatorContext
+from orchestrator.operator.failures import one_line
 from orchestrator.operator.pacing import failure_backoff
 from orchestrator.settings import Settings
 from worker_agent.metrics import MetricsServer, serve
@@ -62,6 +63,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix=crd.KOPF_ANNOTATION_PREFIX, key=crd.KOPF_DIFFBASE_KEY
     )
     settings.posting.level = logging.INFO
+    # The operator's own events (kopf.info, kopf.warn) are posted; kopf's log lines are
+    # not: every watch event's "Handler 'noticed' succeeded." would be an Event written.
+    settings.posting.loggers = False
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 70
     # Only with --peering (standalone otherwise): see ``operator.peering``.
@@ -142,7 +146,7 @@ async def drain_on_delete(
         # traceback every second: a deletion waiting out the ledger's outage.
         delay = failure_backoff(retry + 1)
         log.debug("deletion of %s/%s failed", body.meta.namespace, body.meta.name, exc_info=True)
-        raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}"[:500], delay=delay) from exc
+        raise kopf.TemporaryError(one_line(exc)[:500], delay=delay) from exc
 
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.WORKSPACE_PLURAL)

@@ -40,6 +40,7 @@ from orchestrator import metrics
 from orchestrator.ledger import CheckpointView, Ledger, SnapshotMove, UnsettledSnapshotView
 from orchestrator.operator import events, following, kube
 from orchestrator.operator.crd import Manifest
+from orchestrator.operator.failures import one_line
 from orchestrator.operator.lifecycle import (
     ORPHANED_ASK_GRACE_SECS,
     FollowedSnapshot,
@@ -91,7 +92,9 @@ class SnapshotFollower:
                 failing = False
             except Exception as exc:  # the next look tries again; restores keep the resync
                 if not failing:
-                    log.warning("snapshot_follower: a look failed (%s); trying again", exc)
+                    log.warning(
+                        "snapshot_follower: a look failed (%s); trying again", one_line(exc)
+                    )
                 failing = True
             took = asyncio.get_running_loop().time() - started
             await asyncio.sleep(following.pause_before_read(interval, took))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import random
 import time
@@ -16,12 +15,12 @@ from collections.abc import Callable
 from typing import cast
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from orchestrator import metrics
 from orchestrator.operator import crd, kube, permissions, reconcile
 from orchestrator.operator.context import OperatorContext
 from orchestrator.operator.crd import Manifest
+from orchestrator.operator.failures import one_line
 from orchestrator.operator.pacing import (
     Heartbeat,
     Requeue,
@@ -90,7 +89,7 @@ async def run(ctx: OperatorContext, body: kopf.Body, stopped: kopf.DaemonStopped
                     "pass_failed attempt=%d retry_in=%.0fs error=%s",
                     failures,
                     failure_backoff(failures),
-                    _one_line(failed),
+                    one_line(failed),
                 )
             cause = "clock"
             while not stopped:
@@ -173,19 +172,6 @@ async def wait_for_work(wake: asyncio.Event, stopped: kopf.DaemonStopped, secs: 
         for waiting in waits:
             waiting.cancel()
     return bool(done)
-
-
-def _one_line(exc: BaseException) -> str:
-    """What failed, on one line: the exception's type and the first line of its text; for
-    a refusal of the API, its status and the message of its Status body."""
-    if isinstance(exc, ApiException):
-        try:
-            said = json.loads(exc.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            said = None
-        return f"ApiException: ({exc.status}) {exc.reason}: {str(said or '')[:300]}"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
 def warn_forbidden(body: kopf.Body) -> Callable[[str], None]:
