@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.ledger import CheckpointView
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +128,9 @@ def test_a_namespace_with_tasks_in_every_phase_goes_within_a_minute(stack: DevSt
         patch(name, {"spec": {"lifecycle": {"suspend": True}}})
     for name in ("suspended", "resuming"):
         with_phase(stack, ns, name, "Suspended")
+    # Its old pod gone first: a daemon still terminating could serve the wake's resume.
+    pvc = stack.pvc_of("resuming", ns)
+    wait_until(lambda: stack.daemon_pids(pvc, namespace=ns) == [], 120, "the old pod gone")
     # Its pod cannot start once woken (the namespace's broker Secret is gone): Resuming.
     stack.kubectl("delete", "secret", "caliban-drain-broker", "-n", ns)
     patch("resuming", {"spec": {"lifecycle": {"suspend": False}}})
