@@ -230,6 +230,19 @@ async def patch_sandbox(api_version: str, namespace: str, name: str, patch: Mani
     )
 
 
+async def patch_sandbox_if_there(
+    api_version: str, namespace: str, name: str, patch: Manifest
+) -> bool:
+    """``patch`` merged into the Sandbox; False when it is not there (deleted by hand)."""
+    group, version = _group_version(api_version)
+    return await _done(
+        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+            group, version, namespace, crd.SANDBOX_PLURAL, name, patch,
+            _content_type=MERGE_PATCH,
+        )
+    )  # fmt: skip
+
+
 async def get_pvc(namespace: str, name: str) -> Any:
     return await _read(
         lambda: client.CoreV1Api().read_namespaced_persistent_volume_claim(name, namespace)

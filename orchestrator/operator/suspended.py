@@ -59,12 +59,23 @@ async def suspend_checkpointed(p: TaskPass, spec: TaskSpec, ref: str, doing: str
         )
         return False
     if p.settings.manage_sandbox:
-        await kube.patch_sandbox(
+        sandbox = p.sandbox_of(spec)
+        there = await kube.patch_sandbox_if_there(
             spec.sandbox_version,
             p.namespace,
-            p.sandbox_of(spec),
+            sandbox,
             sandbox_suspension_patch(spec.sandbox_version, True),
         )
+        if not there:
+            # Deleted by hand while the task paused: nothing runs, which is what the
+            # suspension is for, and the checkpoint holds the agents; a wake makes the
+            # Sandbox again (``while_suspended``).
+            kopf.info(
+                p.body,
+                reason="SandboxGone",
+                message=f"Sandbox {p.namespace}/{sandbox} was deleted while {doing}: "
+                f"checkpoint {ref} holds the agents; a wake makes the Sandbox again",
+            )
     p.set_status(checkpoint_ref=ref, idle_since=None)
     p.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
     return True
@@ -127,12 +138,23 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
         return
     ref = await checkpoint_to_resume(p)
     if p.settings.manage_sandbox:
-        await kube.patch_sandbox(
+        there = await kube.patch_sandbox_if_there(
             spec.sandbox_version,
             p.namespace,
             p.sandbox_of(spec),
             sandbox_suspension_patch(spec.sandbox_version, False),
         )
+        if not there:
+            # Deleted while the task was paused: made again from the spec on the
+            # workspace PVC (or the task fails, WorkspaceGone, when that is gone too).
+            await provisioning.ensure_sandbox(p, spec)
+            if p.phase == Phase.FAILED:
+                return
+            if (
+                await kube.get_sandbox(spec.sandbox_version, p.namespace, p.sandbox_of(spec))
+                is None
+            ):
+                return  # its old pod still going: the next pass makes it
     if ref:
         await p.start_resume(ref, operation_key(p.uid, Purpose.RESUME, ref))
     if rolling_pod:

@@ -83,3 +83,34 @@ def test_suspend_true_adopts_an_idle_pause_and_only_suspend_false_resumes_it(
     )  # fmt: skip
     for transcript in transcripts:
         assert transcript.read_text().count('{"type":"TurnEnd"') == 2
+
+
+def test_a_wake_makes_again_the_sandbox_deleted_while_the_task_was_paused(
+    stack: DevStack,
+) -> None:
+    """The Sandbox deleted by hand (kubectl) while the task is Suspended: the wake makes
+    it again from the spec on the kept workspace, and every agent continues at
+    ``turns + 1``. (It was a 404 retried for ever, the task Suspended with
+    ``suspend: false``.)"""
+    name = "unsandboxed"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    patch_lifecycle(stack, name, suspend=True)
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+    saved = stack.turns_on_disk(pvc)
+    sandbox = stack.status("default", name)["sandboxName"]
+    stack.kubectl("delete", "sandbox", sandbox, "-n", "default", "--wait=true")
+
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Running", timeout=120)
+    assert stack.kubectl("get", "sandbox", sandbox, "-n", "default", "-o", "name").stdout.strip()
+    assert [e for e in stack.events_of(name) if e["reason"] == "SandboxMissing"]
+    [transcript] = [layout.transcript_file(d) for d in stack.agent_dirs("default", pvc)]
+    [(agent, turns)] = saved.items()
+    wait_until(lambda: f'"resumed_from":{turns + 1}' in transcript.read_text(), 60,
+               f"{agent} to continue at turn {turns + 1}")  # fmt: skip
+    wait_until(lambda: stack.turns_on_disk(pvc)[agent] > turns, 60, "a new turn")
