@@ -76,13 +76,8 @@ def password(key: bytes, namespace: str) -> str:
 def with_credentials(url: str, user: str, secret: str) -> str:
     """``url`` with its user and password replaced by ``user``/``secret``."""
     parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # an IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(secret, safe='')}@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    quoted = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(secret, safe='')}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{quoted}@{_host_port(parts)}"))
 
 
 def redis_rules(namespace: str, secret: str) -> list[str]:
@@ -192,6 +187,7 @@ class RabbitTenants:
 
 
 def _host_port(parts: urllib.parse.SplitResult) -> str:
+    """``host:port`` of ``parts`` without its credentials (an IPv6 literal bracketed)."""
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"

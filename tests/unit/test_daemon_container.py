@@ -60,8 +60,8 @@ def test_the_daemon_serves_its_probes_on_the_port_the_container_declares(
     assert env["DRAIN_DAEMON_METRICS_HOST"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "status.podIP"}
     }
-    monkeypatch.setenv("DRAIN_DAEMON_METRICS_HOST", "10.0.0.7")
-    assert DaemonSettings().metrics_host == "10.0.0.7"
+    monkeypatch.setenv("DRAIN_DAEMON_METRICS_HOST", "127.0.0.7")
+    assert DaemonSettings().metrics_host == "127.0.0.7"
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
