@@ -239,6 +239,7 @@ def ledger_prune(
 
     from orchestrator.operator.retention import (
         plan_prune,
+        pvcs_of,
         release,
         restorable_checkpoints,
         what_is_in_use,
@@ -253,7 +254,7 @@ def ledger_prune(
         click.echo(f"released {done} of {total} checkpoints", err=True)
 
     async def run() -> list[PruneItem]:
-        named, held = await what_is_in_use(checkpoints)
+        named, held = await what_is_in_use(pvcs_of(checkpoints))
         items = plan_prune(
             checkpoints,
             keep=keep,
@@ -263,7 +264,7 @@ def ledger_prune(
             held_pvcs=held,
         )
         if not dry_run:
-            await release(ledger_, items, now, batch=batch, progress=progress)
+            return await release(ledger_, items, now, batch=batch, progress=progress)
         return items
 
     items = asyncio.run(run())

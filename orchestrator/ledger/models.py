@@ -263,6 +263,12 @@ class Checkpoint(Base):
     snapshot_error: Mapped[str | None] = mapped_column(String(UNAVAILABLE_MAX))
     """Why the snapshot failed (not cut, or not ready, in time); the retained PVC is all
     there is."""
+    releasing_since: Mapped[datetime | None]
+    """When ``drainctl ledger prune`` began releasing it (its storage about to be
+    deleted); None otherwise. A restore never claims a checkpoint being released: the
+    claim and the release both take the row, so one of them sees the other."""
+    restore_claimed_at: Mapped[datetime | None]
+    """When a restore last claimed it (``Ledger.claim_for_restore``); None: never."""
 
     agents: Mapped[list[CheckpointAgent]] = relationship(
         order_by="CheckpointAgent.agent_id",

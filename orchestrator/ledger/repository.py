@@ -279,6 +279,10 @@ class CheckpointView:
     """Why the snapshot failed; the checkpoint then has only its retained PVC."""
     snapshot_cut_at: datetime | None = None
     """When the snapshot was cut (its point in time fixed); it is restorable once ready."""
+    releasing_since: datetime | None = None
+    """When ``drainctl ledger prune`` began releasing it; a restore waits while it is."""
+    restore_claimed_at: datetime | None = None
+    """When a restore last claimed it; None: never restored."""
 
     @property
     def available(self) -> bool:
@@ -805,6 +809,57 @@ class Ledger:
             )
             row = session.scalars(query).unique().one_or_none()
             return None if row is None else _checkpoint_view(row)
+
+    def claim_for_restore(self, ref: str) -> CheckpointView | None:
+        """Claim checkpoint ``ref`` for a restore, on its locked row, unless it is
+        unavailable or being released by a prune; its view either way (None for an
+        unknown ref). Claimed exactly when the view is available and not
+        ``releasing_since``; ``restore_claimed_at`` then says when.
+
+        A prune marks what it releases (``begin_release``) before it looks at the cluster
+        a second time and deletes anything: a claim made before the mark is seen by that
+        look (the restoring task names the checkpoint), and one made after it is refused
+        here, never granted on storage about to be deleted."""
+        with self._sessions.begin() as session:
+            row = _lock_checkpoint(session, ref)
+            if row is None:
+                return None
+            if row.unavailable is None and row.releasing_since is None:
+                row.restore_claimed_at = _now()
+            return _checkpoint_view(row)
+
+    def begin_release(self, refs: Collection[str]) -> list[str]:
+        """Mark the available checkpoints among ``refs`` as being released (a prune is
+        about to look at the cluster again, then delete their storage), on their locked
+        rows; the refs so marked. A mark left by a prune that stopped is taken over."""
+        return self._set_releasing(refs, mark=True)
+
+    def cancel_release(self, refs: Collection[str]) -> list[str]:
+        """Clear the release mark of the checkpoints among ``refs`` that are still
+        available (the prune keeps them after all); the refs so cleared."""
+        return self._set_releasing(refs, False, Checkpoint.releasing_since.is_not(None))
+
+    def _set_releasing(
+        self, refs: Collection[str], mark: bool, *where: ColumnElement[bool]
+    ) -> list[str]:
+        """Set ``releasing_since`` (to the time once their rows are locked, or None) of the
+        available checkpoints among ``refs`` that match ``where``, locking their rows in id
+        order; the refs so set."""
+        wanted = sorted({_text("checkpoint ref", ref, LABEL_VALUE_MAX) for ref in refs})
+        done: list[str] = []
+        with self._sessions.begin() as session:
+            for chunk in _in_chunks(wanted):
+                rows = session.scalars(
+                    select(Checkpoint)
+                    .where(Checkpoint.ref.in_(chunk), Checkpoint.unavailable.is_(None), *where)
+                    .order_by(Checkpoint.id)
+                    .with_for_update()
+                ).all()
+                since = _now() if mark else None
+                for row in rows:
+                    row.releasing_since = since
+                done += [row.ref for row in rows]
+        return done
 
     def mark_checkpoint_unavailable(self, ref: str, reason: str) -> CheckpointView | None:
         """Say checkpoint ``ref`` can no longer be restored, and why (its workspace is

@@ -102,6 +102,16 @@ async def restore_source(
                 f"create the restoring task in {checkpoint.namespace}; no agents were started"
             ),
         )
+    # Claimed before anything is created from it: a prune releasing it meanwhile either
+    # sees this task name it when it looks again, or has marked it and refuses the claim.
+    claimed = await ledger_call(p.ledger.claim_for_restore, ref)
+    checkpoint = checkpoint if claimed is None else claimed
+    if checkpoint.unavailable is None and checkpoint.releasing_since is not None:
+        return NotYet(
+            f"checkpoint {ref} is being released by drainctl ledger prune (since "
+            f"{iso(checkpoint.releasing_since)}): the restore claims it if the prune keeps "
+            "it, and fails if the prune releases it; no agents were started"
+        )
     if checkpoint.unavailable is not None:
         return Refused(
             "CheckpointWorkspaceGone",

@@ -11,6 +11,8 @@ names (``status.checkpointRef``: a suspended task's way back; ``spec.resumeFrom`
 restore whose PVC may still be filling from the snapshot), and a PVC is deleted only
 when no kept checkpoint is on it and no live task owns it (a restored task without
 snapshots works on its checkpoint's retained PVC). ``release`` does what a plan says,
+after marking each batch as being released in the ledger and looking at the cluster
+again (a restore's claim and a prune's release of one checkpoint exclude each other),
 through the same Kubernetes calls the operator makes (``kube``), in batches: a batch's
 deletions are issued together, then its checkpoints are marked in one ledger
 transaction, so a run over thousands of checkpoints neither waits on one request at a
@@ -21,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -135,10 +137,10 @@ def batches(items: Sequence[PruneItem], size: int) -> list[list[PruneItem]]:
 
 
 async def what_is_in_use(
-    checkpoints: Sequence[Restorable], concurrency: int = 16
+    pvcs: Collection[tuple[str, str]], concurrency: int = 16
 ) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
-    """From the cluster: the checkpoints live tasks name, and the PVCs they own (read
-    ``concurrency`` PVCs at a time)."""
+    """From the cluster: the checkpoints live tasks name, and which of ``pvcs``
+    ((namespace, name)) they own (read ``concurrency`` PVCs at a time)."""
     tasks = await kube.list_tasks()
     named: dict[str, str] = {}
     uids: dict[str, str] = {}
@@ -153,16 +155,21 @@ async def what_is_in_use(
         if current:
             named.setdefault(str(current), f"the checkpoint of {who} (status.checkpointRef)")
     held: dict[tuple[str, str], str] = {}
-    where = sorted({(c.namespace, c.pvc_name) for c in checkpoints if c.pvc_name})
+    where = sorted(pvcs)
     for start in range(0, len(where), concurrency):
         chunk = where[start : start + concurrency]
-        pvcs = await asyncio.gather(*(kube.get_pvc(ns, name) for ns, name in chunk))
-        for (namespace, pvc_name), pvc in zip(chunk, pvcs, strict=True):
+        found = await asyncio.gather(*(kube.get_pvc(ns, name) for ns, name in chunk))
+        for (namespace, pvc_name), pvc in zip(chunk, found, strict=True):
             owners = [] if pvc is None else pvc.metadata.owner_references or []
             for owner in owners:
                 if owner.kind == crd.KIND and owner.uid in uids:
                     held[(namespace, pvc_name)] = uids[owner.uid]
     return named, held
+
+
+def pvcs_of(checkpoints: Iterable[Restorable]) -> set[tuple[str, str]]:
+    """The retained PVCs of ``checkpoints``, as (namespace, name)."""
+    return {(c.namespace, c.pvc_name) for c in checkpoints if c.pvc_name}
 
 
 async def release(
@@ -171,25 +178,66 @@ async def release(
     now: datetime,
     batch: int = 100,
     progress: Callable[[int, int], None] | None = None,
-) -> None:
+) -> list[PruneItem]:
     """Delete what each RELEASE item frees and mark its checkpoint unavailable, saying so,
-    ``batch`` items at a time (``progress(done, total)`` after each). The ledger is
-    written after a batch's deletions: a run stopped half-way is finished by the next."""
+    ``batch`` items at a time (``progress(done, total)`` after each); the plan as it was
+    carried out. The ledger is written after a batch's deletions: a run stopped half-way
+    is finished by the next.
+
+    The plan was made from one look at the cluster; a restore applied since may name a
+    checkpoint it releases. So each batch is first marked as being released in the
+    ledger (``Ledger.begin_release``: a restore's claim is refused from then on), then
+    the cluster is looked at again: a checkpoint a live task names now is kept (its
+    mark cleared, the item answered as KEEP), and a PVC a live task owns now stays."""
     if batch < 1:
         raise ValueError(f"batch must be a positive number of checkpoints, not {batch!r}")
+    done_items = {i.ref: i for i in items}
+    # A mark left by a prune that stopped half-way: what this plan keeps is claimable again.
+    ledger.cancel_release([i.ref for i in items if i.action is PruneAction.KEEP])
     deleted_pvcs: set[tuple[str, str]] = set()
+    kept_pvcs: set[tuple[str, str]] = set()
     todo = batches(items, batch)
     total, done = sum(map(len, todo)), 0
     for chunk in todo:
+        marked = set(ledger.begin_release([i.ref for i in chunk]))
+        named, held = await what_is_in_use({(i.namespace, i.pvc) for i in chunk if i.pvc})
+        rekept = [i for i in chunk if i.ref in marked and i.ref in named]
+        for item in rekept:
+            done_items[item.ref] = replace(
+                item,
+                action=PruneAction.KEEP,
+                why=f"{named[item.ref]}: seen when it was about to be released",
+                pvc=None,
+            )
+        ledger.cancel_release([i.ref for i in rekept])
+        kept_pvcs |= {(i.namespace, i.pvc) for i in rekept if i.pvc is not None}
+        going: list[PruneItem] = []
+        for item in chunk:
+            if item.ref in named:
+                continue
+            if item.ref not in marked:  # made unavailable meanwhile: nothing left to free
+                done_items[item.ref] = replace(
+                    item, snapshot=None, pvc=None, why="made unavailable meanwhile"
+                )
+                continue
+            where = (item.namespace, item.pvc or "")
+            if where in held:
+                item = replace(item, pvc=None, why=f"PVC {item.pvc} kept: the workspace of "
+                               f"{held[where]}, seen when it was about to be deleted")  # fmt: skip
+            elif where in kept_pvcs:
+                item = replace(item, pvc=None, why=f"PVC {item.pvc} kept: a checkpoint kept "
+                               "when it was about to be released is on it")  # fmt: skip
+            going.append(item)
+            done_items[item.ref] = item
         # Checkpoints on one workspace share its PVC: it is deleted once.
-        pvcs = {(i.namespace, i.pvc) for i in chunk if i.pvc is not None} - deleted_pvcs
+        pvcs = {(i.namespace, i.pvc) for i in going if i.pvc is not None} - deleted_pvcs
         await asyncio.gather(
-            *(kube.delete_snapshot(i.namespace, i.snapshot) for i in chunk if i.snapshot),
+            *(kube.delete_snapshot(i.namespace, i.snapshot) for i in going if i.snapshot),
             *(kube.delete_pvc(namespace, pvc) for namespace, pvc in sorted(pvcs)),
         )
         deleted_pvcs |= pvcs
         reasons = {}
-        for item in chunk:
+        for item in going:
             freed = [f"VolumeSnapshot {item.snapshot}"] if item.snapshot is not None else []
             freed += [f"PVC {item.pvc}"] if item.pvc is not None else []
             what = " and ".join(freed) or "nothing held"
@@ -200,3 +248,4 @@ async def release(
         done += len(chunk)
         if progress is not None:
             progress(done, total)
+    return [done_items[i.ref] for i in items]

@@ -6,6 +6,7 @@ that name checkpoints is ``tests/e2e/test_checkpoints.py``.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -166,3 +167,55 @@ def test_prune_with_a_bad_batch_or_keep_is_a_usage_error(
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_restore_applied_after_the_plan_keeps_its_checkpoint_at_the_release(
+    history: tuple[Cluster, Ledger, str, list[tuple[str, str]], list[tuple[str, str]]],
+    dev_cluster: Path,
+) -> None:
+    """Tried: a prune planned from a look at the cluster where no task names anything (it
+    releases every old checkpoint), then a CalibanTask restoring ``old-0``'s checkpoint
+    created before the plan is carried out; then that task's claim in the ledger.
+
+    The release marks each batch in the ledger, looks at the cluster again, and keeps
+    what a live task names now: the restore's snapshot and PVC stay and it can still be
+    claimed; the rest of the plan is released as planned."""
+    from orchestrator.operator.retention import PruneAction, plan_prune, release
+
+    cluster, ledger, _, old, _ = history
+    config.load_kube_config(config_file=str(dev_cluster))
+    now = datetime.now(UTC)
+    items = plan_prune(
+        ledger.list_checkpoints(limit=100), keep=1, older_than_secs=0, now=now,
+        named_by_tasks={}, held_pvcs={},
+    )  # fmt: skip
+    (restored, restored_pvc), *released = old
+    assert {i.ref for i in items if i.action is PruneAction.RELEASE} == {r for r, _ in old}
+    cluster.custom.create_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, {
+            "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND,
+            "metadata": {"name": "restorer", "namespace": NAMESPACE},
+            "spec": {"task": {"agents": 1, "provider": "scripted", "model": "turns=1"},
+                     "resumeFrom": {"checkpointRef": restored}},
+        },
+    )  # fmt: skip
+
+    done = {i.ref: i for i in asyncio.run(release(ledger, items, now, batch=2))}
+
+    kept = done[restored]
+    assert (kept.action, kept.pvc) == (PruneAction.KEEP, None)
+    assert kept.why == (
+        "restored by task default/restorer (spec.resumeFrom): seen when it was about to be released"
+    )
+    assert cluster.snapshot_exists(restored) and cluster.pvc_exists(restored_pvc)
+    claim = ledger.claim_for_restore(restored)
+    assert claim is not None and claim.available and claim.releasing_since is None
+    assert claim.restore_claimed_at is not None
+    for ref, pvc in released:
+        assert done[ref].action is PruneAction.RELEASE
+        assert not cluster.snapshot_exists(ref)
+        wait_until(lambda pvc=pvc: not cluster.pvc_exists(pvc), 30, f"PVC {pvc} to be deleted")  # type: ignore[misc]
+        gone = ledger.get_checkpoint(ref)
+        assert gone is not None and f"(VolumeSnapshot {ref} and PVC {pvc})" in str(gone.unavailable)
+        refused = ledger.claim_for_restore(ref)
+        assert refused is not None and refused.restore_claimed_at is None

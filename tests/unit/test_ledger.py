@@ -996,6 +996,70 @@ class LedgerBehaviour:
         ]  # fmt: skip
         assert ledger.mark_checkpoints_unavailable({}) == []
 
+    def test_a_restore_claim_is_refused_while_a_prune_releases_and_granted_once_kept(
+        self, ledger: Ledger
+    ) -> None:
+        """Tried: a claim, a release begun, a claim again, the release cancelled, a claim
+        again; then a release finished (marked unavailable) and a claim."""
+        ref = ledger.record_checkpoint(begin(ledger).id, [], reason=CheckpointReason.DELETE).ref
+        first = ledger.claim_for_restore(ref)
+        assert first is not None and first.restore_claimed_at is not None
+        assert first.releasing_since is None
+
+        assert ledger.begin_release([ref, "ckpt-unknown"]) == [ref]
+        refused = ledger.claim_for_restore(ref)
+        assert refused is not None and refused.releasing_since is not None
+        assert refused.restore_claimed_at == first.restore_claimed_at  # not claimed again
+
+        assert ledger.cancel_release([ref]) == [ref]
+        assert ledger.cancel_release([ref]) == []  # nothing left to clear
+        again = ledger.claim_for_restore(ref)
+        assert again is not None and again.releasing_since is None
+        assert again.restore_claimed_at is not None
+        assert again.restore_claimed_at >= first.restore_claimed_at
+
+        assert ledger.begin_release([ref]) == [ref]
+        ledger.mark_checkpoints_unavailable({ref: "released by drainctl ledger prune"})
+        gone = ledger.claim_for_restore(ref)
+        assert gone is not None and gone.unavailable == "released by drainctl ledger prune"
+        assert gone.restore_claimed_at == again.restore_claimed_at
+        assert ledger.begin_release([ref]) == [] and ledger.cancel_release([ref]) == []
+        assert ledger.claim_for_restore("ckpt-unknown") is None
+
+    def test_a_claim_and_a_release_racing_on_one_checkpoint_never_both_win(
+        self, ledger: Ledger
+    ) -> None:
+        """Tried: 20 times, a restore's claim and a prune's mark released together from
+        two threads. Either the claim came first (claimed, then marked: the prune's second
+        look at the cluster sees the restoring task), or the mark did (claim refused)."""
+        for attempt in range(20):
+            key = f"delete-drain:default/task-a:{attempt}"
+            ref = ledger.record_checkpoint(
+                begin(ledger, key).id, [], reason=CheckpointReason.DELETE
+            ).ref
+            barrier = threading.Barrier(2)
+
+            def claim(ref: str = ref, barrier: threading.Barrier = barrier) -> bool:
+                barrier.wait(timeout=10)
+                view = ledger.claim_for_restore(ref)
+                return view is not None and view.releasing_since is None
+
+            def mark(ref: str = ref, barrier: threading.Barrier = barrier) -> bool:
+                barrier.wait(timeout=10)
+                return ledger.begin_release([ref]) == [ref]
+
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                claimed, marked = pool.submit(claim), pool.submit(mark)
+                assert marked.result(timeout=30)
+                won = claimed.result(timeout=30)
+            after = ledger.get_checkpoint(ref)
+            assert after is not None and after.releasing_since is not None
+            # Claimed exactly when the claim's stamp is on the row: never a claim granted
+            # on a row already marked.
+            assert won == (after.restore_claimed_at is not None)
+            if won:
+                assert after.restore_claimed_at <= after.releasing_since  # type: ignore[operator]
+
     def test_a_checkpoint_records_its_snapshot_asked_then_ready_and_keeps_the_outcome(
         self, ledger: Ledger
     ) -> None:
