@@ -90,14 +90,17 @@ async def start_roll(p: TaskPass, spec: TaskSpec, pod: kube.TaskPod, wanted: str
     p.set_phase(Phase.DRAINING, f"rolling the pod: {message}")
 
 
-async def old_pod_going(p: TaskPass) -> str | None:
-    """While a rolled task's old pod is still there (Terminating while its daemon
-    exits), what it waits for; None once it is gone and the new pod may be made."""
+async def old_pod_going(p: TaskPass, doing: str = "rolling the pod") -> str | None:
+    """While a paused task's old pod is still there (Terminating while its daemon
+    exits), what ``doing`` waits for; None once it is gone and the new pod may be made."""
     pods = await kube.task_pods(p.namespace, p.name)
     if not pods:
         return None
     names = ", ".join(sorted(pod.name for pod in pods))
-    return f"rolling the pod: waiting for pod {names} to go before a new one is made"
+    return (
+        f"{doing}: waiting for pod {names} to go before a new one is made (its daemon "
+        "would take the resume)"
+    )
 
 
 def rolled(p: TaskPass, ref: str | None) -> None:

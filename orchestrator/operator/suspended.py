@@ -132,7 +132,10 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
     if wanted is not Wanted.RESUME:
         return
     rolling_pod = p.status.paused_by == ROLLED
-    if rolling_pod and (waiting := await rolling.old_pod_going(p)) is not None:
+    # The paused pod may still be Terminating, its daemon exiting: woken now, that daemon
+    # could take the resume and start the agents in a pod about to go. Any wake waits.
+    doing = "rolling the pod" if rolling_pod else "waking"
+    if (waiting := await rolling.old_pod_going(p, doing)) is not None:
         p.set_status(message=waiting)
         p.requeue = Requeue()  # the pod's going is an event
         return
