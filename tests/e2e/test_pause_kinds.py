@@ -6,6 +6,9 @@ false`` does), and every agent continues at ``turns + 1`` when it resumes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,3 +117,54 @@ def test_a_wake_makes_again_the_sandbox_deleted_while_the_task_was_paused(
     wait_until(lambda: f'"resumed_from":{turns + 1}' in transcript.read_text(), 60,
                f"{agent} to continue at turn {turns + 1}")  # fmt: skip
     wait_until(lambda: stack.turns_on_disk(pvc)[agent] > turns, 60, "a new turn")
+
+
+def test_a_pause_whose_sandbox_is_deleted_after_its_drain_ends_suspended(
+    stack: DevStack,
+) -> None:
+    """The Sandbox deleted by hand (kubectl) after a pause's drain is recorded and
+    before the Sandbox is suspended: the operator is stopped (SIGSTOP) the moment the
+    ledger holds the pause's checkpoint, the Sandbox deleted, the operator continued.
+    The pause ends Suspended on that checkpoint (event SandboxGone), nothing makes the
+    Sandbox again while it is paused, and a wake does, every agent at ``turns + 1``.
+    (The suspension of the gone Sandbox was a 404 retried for ever, the task Draining.)"""
+    name = "unsandboxed-pause"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    sandbox = stack.status("default", name)["sandboxName"]
+    before = stack.ledger.latest_checkpoint("default", name)
+    operator = stack.operator_pid()
+    assert operator is not None
+
+    def recorded() -> bool:
+        newest = stack.ledger.latest_checkpoint("default", name)
+        return newest is not None and newest != before
+
+    patch_lifecycle(stack, name, suspend=True)
+    wait_until(recorded, 120, "the pause's checkpoint in the ledger", interval=0.005)
+    os.kill(operator, signal.SIGSTOP)
+    try:
+        stack.kubectl("delete", "sandbox", sandbox, "-n", "default", "--wait=true")
+    finally:
+        os.kill(operator, signal.SIGCONT)
+    checkpoint = stack.ledger.latest_checkpoint("default", name)
+    assert checkpoint is not None and checkpoint.verified
+
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+    assert stack.status("default", name)["checkpointRef"] == checkpoint.ref
+    [gone] = [e for e in stack.events_of(name) if e["reason"] == "SandboxGone"]
+    assert checkpoint.ref in gone["message"]
+    time.sleep(5)  # a few passes: nothing makes the Sandbox while the task is paused
+    assert stack.kubectl("get", "sandbox", sandbox, "-n", "default", check=False).returncode != 0
+    assert stack.status("default", name)["phase"] == "Suspended"
+
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Running", timeout=120)
+    [(agent, turns)] = [(a.agent_id, a.turns) for a in checkpoint.agents]
+    [transcript] = [layout.transcript_file(d) for d in stack.agent_dirs("default", pvc)]
+    wait_until(lambda: f'"resumed_from":{turns + 1}' in transcript.read_text(), 60,
+               f"{agent} to continue at turn {turns + 1}")  # fmt: skip
