@@ -260,6 +260,16 @@ async def _release_with_checkpoint(r: TaskPass, ref: str, terminating: bool = Fa
         )
     retained = await kube.retain_pvc(r.namespace, r.pvc_name, ref)
     where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
+    if not retained:
+        # Deleted under the task: a checkpoint only that PVC held is gone with it.
+        gone = await ledger_call(
+            r.ledger.mark_workspace_gone,
+            r.namespace,
+            r.pvc_name,
+            f"workspace PVC {r.pvc_name} was deleted under task {r.namespace}/{r.name}",
+        )
+        if gone:
+            where += f": marked unavailable in the ledger: {', '.join(gone)}"
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
 
 

@@ -239,16 +239,7 @@ async def ensure_sandbox(p: TaskPass, spec: TaskSpec) -> None:
         existing_sandbox_missing(p, spec.sandbox_name)
         return
     pvc = p.pvc_name
-    claim = await kube.get_pvc(p.namespace, pvc)
-    if claim is None or claim.metadata.deletion_timestamp is not None:
-        message = (
-            f"Sandbox {p.namespace}/{sandbox} and its workspace PVC {pvc} are gone: "
-            "nothing to bring the agents back on; no fresh agents were started"
-        )
-        kopf.warn(p.body, reason="WorkspaceGone", message=message)
-        p.set_condition("AgentsAvailable", False, "WorkspaceGone", message)
-        p.set_status(agents=0)
-        p.set_phase(Phase.FAILED, message)
+    if await workspace_gone(p, f"Sandbox {p.namespace}/{sandbox} and its workspace PVC {pvc}"):
         return
     if (waiting := await restore.last_pod_on(p, pvc, spec)) is not None:
         p.set_status(message=waiting.why)
@@ -259,6 +250,34 @@ async def ensure_sandbox(p: TaskPass, spec: TaskSpec) -> None:
     )
     kopf.warn(p.body, reason="SandboxMissing", message=message)
     await create_sandbox(p, spec, pvc)
+
+
+async def workspace_gone(p: TaskPass, what: str) -> bool:
+    """Whether the task's workspace PVC is gone or being deleted. If it is, the task
+    fails ``WorkspaceGone`` (``what`` says what is gone) before any agent is started, as
+    a resume or a re-made pod on a new, empty volume would start fresh agents under the
+    old task; the checkpoints whose only workspace it was are marked unavailable."""
+    pvc = p.pvc_name
+    claim = await kube.get_pvc(p.namespace, pvc)
+    if claim is not None and claim.metadata.deletion_timestamp is None:
+        return False
+    marked = await ledger_call(
+        p.ledger.mark_workspace_gone,
+        p.namespace,
+        pvc,
+        f"workspace PVC {pvc} deleted under task {p.namespace}/{p.name}",
+    )
+    message = (
+        f"{what} {'are' if ' and ' in what else 'is'} gone: nothing to bring the agents "
+        "back on; no fresh agents were started"
+    )
+    if marked:
+        message += f"; marked unavailable in the ledger: {', '.join(marked)}"
+    kopf.warn(p.body, reason="WorkspaceGone", message=message)
+    p.set_condition("AgentsAvailable", False, "WorkspaceGone", message)
+    p.set_status(agents=0)
+    p.set_phase(Phase.FAILED, message)
+    return True
 
 
 async def refresh_sandbox(p: TaskPass, spec: TaskSpec) -> None:

@@ -63,6 +63,10 @@ async def snapshot_cut(p: TaskPass, ref: str) -> bool:
         return True  # cut (the follower has it from here), ready or failed
     pvc, name = checkpoint.pvc_name, checkpoint.snapshot_name
     if name is None:
+        if await kube.get_pvc(p.namespace, pvc) is None:
+            # Deleted under the task: a snapshot of it would wait for ever for its source.
+            await snapshot_failed(p, ref, None, f"workspace PVC {pvc} is gone: nothing to copy")
+            return True
         class_name, problem = await _snapshot_class_of(p, pvc)
         if problem is not None:
             await snapshot_failed(p, ref, None, problem)

@@ -140,6 +140,12 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
         p.requeue = Requeue()  # the pod's going is an event
         return
     ref = await checkpoint_to_resume(p)
+    if (
+        p.settings.manage_sandbox
+        and spec.sandbox_name is None
+        and await provisioning.workspace_gone(p, f"workspace PVC {p.pvc_name}")
+    ):
+        return
     if p.settings.manage_sandbox:
         there = await kube.patch_sandbox_if_there(
             spec.sandbox_version,

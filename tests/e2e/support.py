@@ -217,7 +217,8 @@ class DevStack(DevStackProcess):
 
         A checkpoint is compared only while nothing has run on its workspace since: no
         resume names it, no later checkpoint is of the same PVC, and the ledger does not
-        already say its workspace is gone. A forced checkpoint lists no agents."""
+        already say its workspace is gone; one whose PVC is deleted is compared with its
+        ready snapshot only. A forced checkpoint lists no agents."""
         deadline = time.monotonic() + settle_secs
         while True:
             ops = self.ledger.list_operations(limit=1000)
@@ -243,6 +244,8 @@ class DevStack(DevStackProcess):
             ):
                 continue
             volume = self.volume(checkpoint.namespace, checkpoint.pvc_name)
+            if checkpoint.snapshot is not None and not volume.exists():
+                continue  # its PVC deleted: its ready snapshot holds it (checked above)
             for agent in checkpoint.agents:
                 try:
                     session = load_session(volume / agent.session_dir)

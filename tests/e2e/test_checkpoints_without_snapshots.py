@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from orchestrator.operator.crd import sandbox_name
+from tests.e2e.prune_race import Tally, race_round
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -225,3 +226,23 @@ def test_a_workspace_deleted_with_its_task_takes_its_checkpoints_with_it(stack: 
     assert f"its workspace PVC {pvc} was deleted with task default/ephemeral" in gone.unavailable
     assert "CheckpointsReleased" in [e["reason"] for e in stack.events_of("ephemeral")]
     assert stack.audit_findings() == []
+
+
+@pytest.mark.timeout(900)
+def test_restores_racing_a_prune_either_keep_their_checkpoint_or_are_refused(
+    stack: DevStack,
+) -> None:
+    """As ``test_checkpoints.py``'s race, without snapshots: the restore claims the
+    checkpoint's retained PVC, which the prune would delete under it. Tried: 2 rounds of
+    10 tasks deleted, then ``drainctl ledger prune --keep 0`` with 800 older checkpoints
+    of gone tasks, and a restore of each deleted task applied while the prune runs.
+    20 races."""
+    tally = Tally()
+    for round_ in range(2):
+        race_round(stack, tally, round_, tasks=10)
+    print(f"prune races without snapshots: {len(tally.restored)} restored, "
+          f"{len(tally.refused)} refused, {len(tally.lost)} lost; planning took "
+          f"{tally.plan_secs:.1f} s, the prunes "
+          f"{', '.join(f'{s:.1f}' for s in tally.prune_secs)} s")  # fmt: skip
+    assert tally.races == 20
+    assert tally.lost == []

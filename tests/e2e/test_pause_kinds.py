@@ -1,7 +1,9 @@
 """Both kinds of pause meet the spec as the docs say, with the real kubectl against the
 dev stack's embedded defaults: an idle pause that ``spec.lifecycle.suspend: true`` then
 adopts is held by the spec from there on (a wake no longer resumes it, ``suspend:
-false`` does), and every agent continues at ``turns + 1`` when it resumes."""
+false`` does), and every agent continues at ``turns + 1`` when it resumes. A Sandbox
+deleted by hand around a pause is made again; a workspace PVC deleted by hand fails the
+task ``WorkspaceGone`` rather than starting fresh agents on a new, empty volume."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.operator.crd import WAKE_ANNOTATION
+from orchestrator.operator.crd import TASK_LABEL, WAKE_ANNOTATION
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 from worker_agent import layout
@@ -168,3 +170,113 @@ def test_a_pause_whose_sandbox_is_deleted_after_its_drain_ends_suspended(
     [transcript] = [layout.transcript_file(d) for d in stack.agent_dirs("default", pvc)]
     wait_until(lambda: f'"resumed_from":{turns + 1}' in transcript.read_text(), 60,
                f"{agent} to continue at turn {turns + 1}")  # fmt: skip
+
+
+def test_a_wake_whose_workspace_pvc_was_deleted_fails_workspace_gone(stack: DevStack) -> None:
+    """The workspace PVC deleted by hand (kubectl) while the task is Suspended: the wake
+    ends Failed (WorkspaceGone) with no agent started, the Sandbox still suspended (no
+    pod), rather than a fresh agent at turn 0 reported Ready. The pause's checkpoint
+    keeps its snapshot, so it is still restorable, and a restore continues from it."""
+    name = "unworkspaced"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    patch_lifecycle(stack, name, suspend=True)
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+    checkpoint = stack.ledger.latest_checkpoint("default", name)
+    assert checkpoint is not None and checkpoint.verified
+
+    def snapshotted() -> bool:
+        now = stack.ledger.get_checkpoint(checkpoint.ref)
+        return now is not None and now.snapshot_ready_at is not None
+
+    wait_until(snapshotted, 60,
+               "the pause's snapshot to be ready")  # fmt: skip
+    stack.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=true")
+
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Failed", timeout=120)
+    status = stack.status("default", name)
+    assert f"workspace PVC {pvc} is gone" in status["message"], status["message"]
+    assert "no fresh agents were started" in status["message"]
+    assert status["agents"] == 0
+    [gone] = [e for e in stack.events_of(name) if e["reason"] == "WorkspaceGone"]
+    assert gone["type"] == "Warning"
+    time.sleep(5)  # a few passes: nothing starts an agent on a new, empty volume
+    assert stack.kubectl("get", "pods", "-n", "default", "-l", f"{TASK_LABEL}={name}",
+                         "-o", "name").stdout.strip() == ""  # fmt: skip
+    assert stack.status("default", name)["phase"] == "Failed"
+    after = stack.ledger.get_checkpoint(checkpoint.ref)
+    assert after is not None and after.available  # its snapshot holds it
+
+    back = f"{name}-back"
+    manifest = task_manifest(back, agents=1, model="turns=100000,turn_ms=200")
+    manifest["spec"]["resumeFrom"] = {"checkpointRef": checkpoint.ref}
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", back, "Running", timeout=120)
+    [(agent, turns)] = [(a.agent_id, a.turns) for a in checkpoint.agents]
+    [transcript] = [
+        layout.transcript_file(d) for d in stack.agent_dirs("default", stack.pvc_of(back))
+    ]
+    wait_until(lambda: f'"resumed_from":{turns + 1}' in transcript.read_text(), 60,
+               f"{agent} to continue at turn {turns + 1} in the restoring task")  # fmt: skip
+    stack.kubectl("delete", "ctask", name, back, "-n", "default", timeout=120)
+
+
+def test_a_wake_after_the_pvc_was_deleted_during_the_pause_drain_fails_workspace_gone(
+    stack: DevStack,
+) -> None:
+    """The workspace PVC deleted (kubectl, not waiting) as the pause begins, while its
+    pod still runs and drains: the pause still ends Suspended on its checkpoint, and the
+    wake ends Failed (WorkspaceGone), no agent started."""
+    name = "unworkspaced-drain"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    patch_lifecycle(stack, name, suspend=True)
+    stack.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=false")
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+
+    patch_lifecycle(stack, name, suspend=False)
+    stack.wait_phase("default", name, "Failed", timeout=120)
+    status = stack.status("default", name)
+    assert f"workspace PVC {pvc} is gone" in status["message"], status["message"]
+    assert status["agents"] == 0
+    assert stack.kubectl("get", "pods", "-n", "default", "-l", f"{TASK_LABEL}={name}",
+                         "-o", "name").stdout.strip() == ""  # fmt: skip
+    stack.kubectl("delete", "ctask", name, "-n", "default", timeout=120)
+
+
+def test_a_running_task_whose_pvc_and_sandbox_are_deleted_fails_workspace_gone(
+    stack: DevStack,
+) -> None:
+    """The workspace PVC (kubectl, not waiting) and then the Sandbox deleted under a
+    Running task: once the daemon is silent the operator would re-make the Sandbox, but
+    on no workspace; the task ends Failed (WorkspaceGone), no fresh agent started."""
+    name = "unworkspaced-running"
+    assert (
+        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
+    )
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    sandbox = stack.status("default", name)["sandboxName"]
+    stack.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=false")
+    stack.kubectl("delete", "sandbox", sandbox, "-n", "default", "--wait=true")
+
+    stack.wait_phase("default", name, "Failed", timeout=120)
+    status = stack.status("default", name)
+    assert f"workspace PVC {pvc} are gone" in status["message"], status["message"]
+    assert "no fresh agents were started" in status["message"]
+    assert status["agents"] == 0
+    time.sleep(5)  # a few passes: nothing makes the Sandbox again on a new, empty volume
+    assert stack.kubectl("get", "sandbox", sandbox, "-n", "default", check=False).returncode != 0
+    assert stack.kubectl("get", "pods", "-n", "default", "-l", f"{TASK_LABEL}={name}",
+                         "-o", "name").stdout.strip() == ""  # fmt: skip
+    stack.kubectl("delete", "ctask", name, "-n", "default", timeout=120)
