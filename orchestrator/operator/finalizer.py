@@ -248,16 +248,20 @@ async def _release_with_checkpoint(r: TaskPass, ref: str, terminating: bool = Fa
         await _namespace_goes(r, ref)
         return
     follow_until = time.monotonic() + DELETE_FOLLOW_SECS
-    while not await snapshots.snapshot_cut(r, ref):
-        left = follow_until - time.monotonic()
-        if left < 0:
-            raise kopf.TemporaryError(f"waiting for the snapshot of checkpoint {ref}", delay=0.5)
-        # Its snapshot is named by the checkpoint (``snapshot_cut``); asked again at once
-        # when the shared poll sees it cut, else after a bounded wait. Its readiness is
-        # the snapshot follower's: the task goes as soon as its point in time is fixed.
-        await r.ctx.snapshot_states.until(
-            (r.namespace, ref), _snapshot_cut, min(left, SNAPSHOT_LOOK_SECS)
-        )
+    for each in [*await _missed_snapshots(r, ref), ref]:
+        while not await snapshots.snapshot_cut(r, each):
+            left = follow_until - time.monotonic()
+            if left < 0:
+                raise kopf.TemporaryError(
+                    f"waiting for the snapshot of checkpoint {each}", delay=0.5
+                )
+            # Its snapshot is named by the checkpoint (``snapshot_cut``); asked again at
+            # once when the shared poll sees it cut, else after a bounded wait. Its
+            # readiness is the snapshot follower's: the task goes as soon as its point in
+            # time is fixed.
+            await r.ctx.snapshot_states.until(
+                (r.namespace, each), _snapshot_cut, min(left, SNAPSHOT_LOOK_SECS)
+            )
     retained = await kube.retain_pvc(r.namespace, r.pvc_name, ref)
     where = f"PVC {r.pvc_name} retained" if retained else "no PVC to retain"
     if not retained:
@@ -271,6 +275,41 @@ async def _release_with_checkpoint(r: TaskPass, ref: str, terminating: bool = Fa
         if gone:
             where += f": marked unavailable in the ledger: {', '.join(gone)}"
     kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
+
+
+async def _missed_snapshots(r: TaskPass, ref: str) -> list[str]:
+    """The scale-down checkpoints of this task whose snapshot no pass saw cut: the scale
+    was still following it when the deletion stopped the task's passes. The deletion
+    takes them over, asking for each (``snapshot_cut``) and going once each is cut, as
+    it does for its own. Their agents were retired, and a retired agent runs again only
+    through a later scale-up (or a resume or restore of the task): with none since, the
+    workspace still holds them as the checkpoint recorded them, so a snapshot cut now
+    is theirs."""
+    if not (r.settings.manage_sandbox and r.settings.snapshots):
+        return []
+    ops = await ledger_call(r.ledger.list_operations, r.namespace, r.name, 50)
+    ran_since = max(
+        (op.created_at for op in ops if op.task_uid == r.uid and op.kind in _RUN_AGENTS),
+        default=None,
+    )
+    earlier = await ledger_call(r.ledger.list_checkpoints, r.namespace, r.name, 20)
+    return [
+        c.ref
+        for c in reversed(earlier)  # oldest first
+        if c.ref != ref
+        and c.reason is CheckpointReason.SCALE_DOWN
+        and c.task_uid == r.uid
+        and (ran_since is None or c.created_at > ran_since)
+        and c.available
+        and c.pvc_name == r.pvc_name
+        and c.snapshot_cut_at is None
+        and c.snapshot_ready_at is None
+        and c.snapshot_error is None
+    ]
+
+
+_RUN_AGENTS = frozenset({OperationKind.RESUME, OperationKind.RESTORE, OperationKind.SCALE_UP})
+"""Operations that run agents on a workspace again."""
 
 
 async def _force_delete(

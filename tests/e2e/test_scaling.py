@@ -11,12 +11,14 @@ then starts new ones. Nothing a removed agent completed is lost on the way.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from orchestrator.ledger import CheckpointReason
+from orchestrator.ledger import CheckpointReason, CheckpointView
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 from worker_agent import layout, transcript
@@ -150,3 +152,54 @@ def test_an_agent_count_out_of_range_is_refused_by_the_api_and_changes_nothing(
     after = stack.status("default", NAME)
     assert after["appliedAgents"] == before["appliedAgents"] == 4
     assert after["scales"] == before["scales"]
+
+
+def test_a_scale_down_checkpoint_is_snapshotted_when_the_task_is_deleted_at_once(
+    stack: DevStack,
+) -> None:
+    """Scale 3 → 1, and the task deleted (kubectl) the moment the ledger holds the
+    scale-down's checkpoint, before any pass asked for its snapshot (the operator held
+    with SIGSTOP across the delete). The deletion asks for it: the checkpoint gets a
+    ready VolumeSnapshot, and a restore of it continues both removed agents at
+    ``turns + 1``. (It was never snapshotted, no error, no event; its restore failed
+    ``CheckpointSuperseded``.)"""
+    name = "scaled-gone"
+    stack.apply(task_manifest(name, agents=3, model="turns=100000,turn_ms=200"))
+    stack.wait_phase("default", name, "Running")
+    stack.wait_turns(stack.pvc_of(name), 3, at_least=2)
+    operator = stack.operator_pid()
+    assert operator is not None
+
+    def scale_down_checkpoint() -> CheckpointView | None:
+        return next((c for c in stack.ledger.list_checkpoints("default", name)
+                     if c.reason is CheckpointReason.SCALE_DOWN), None)  # fmt: skip
+
+    body = json.dumps({"spec": {"task": {"agents": 1}}})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+    checkpoint = wait_until(scale_down_checkpoint, 120, "the scale-down's checkpoint",
+                            interval=0.005)  # fmt: skip
+    os.kill(operator, signal.SIGSTOP)
+    try:
+        stack.kubectl("delete", "ctask", name, "-n", "default", "--wait=false")
+    finally:
+        os.kill(operator, signal.SIGCONT)
+    gone = ("get", "ctask", name, "-n", "default")
+    wait_until(lambda: stack.kubectl(*gone, check=False).returncode != 0, 120, "the task to go")
+
+    def snapshotted() -> CheckpointView | None:
+        now = stack.ledger.get_checkpoint(checkpoint.ref)
+        return now if now is not None and now.snapshot is not None else None
+
+    settled = wait_until(snapshotted, 120, f"a ready snapshot of {checkpoint.ref}")
+    assert settled.snapshot_error is None and len(settled.agents) == 2
+
+    back = f"{name}-back"
+    manifest = task_manifest(back, agents=1, model="turns=100000,turn_ms=200")
+    manifest["spec"]["resumeFrom"] = {"checkpointRef": checkpoint.ref}
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", back, "Running", timeout=120)
+    volume = stack.volume("default", stack.pvc_of(back))
+    logs = {layout.transcript_file(volume / a.session_dir): a.turns + 1 for a in settled.agents}
+    wait_until(lambda: all(f'"resumed_from":{line}' in log.read_text() for log, line in
+                           logs.items()), 60, "both agents to continue at turns + 1")  # fmt: skip
+    stack.kubectl("delete", "ctask", back, "-n", "default", timeout=120)
