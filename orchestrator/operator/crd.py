@@ -16,8 +16,12 @@ one is a migration, not a refactor.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any, Final, TypeAlias
+
+from worker_agent.k8s_names import is_dns1035_label
 
 Manifest: TypeAlias = dict[str, Any]
 """A Kubernetes object, or a part of one, as JSON: as the API serves it and as the
@@ -107,12 +111,35 @@ SANDBOX_CRD: Final = f"{SANDBOX_PLURAL}.{SANDBOX_GROUP}"
 SANDBOX_SUFFIX: Final = "-sbx"
 
 
+TASK_NAME_MAX: Final = 63
+"""A task's name is the value of ``TASK_LABEL`` on everything made for it: a label value
+is at most 63 characters, so the CRD refuses longer names."""
+
+
+def upstream_sandbox_name(task: str) -> str:
+    """``<task>-sbx``: how caliban-operator names the Sandbox it makes for a task."""
+    return f"{task}{SANDBOX_SUFFIX}"
+
+
 def sandbox_name(task: str, existing: str | None = None) -> str:
     """The Sandbox a task runs in: ``existing`` (its ``spec.sandbox.name``, a Sandbox
-    someone else made) when set, else the one the operator makes, ``<task>-sbx``, as
-    caliban-operator names its children. The one place the rule lives, so the operator,
-    the audit and the tests cannot disagree on it."""
-    return existing or f"{task}{SANDBOX_SUFFIX}"
+    someone else made) when set, else the one the operator makes: ``<task>-sbx``, as
+    caliban-operator names its children, where that is a valid Service name
+    (agent-sandbox names the Sandbox's Service after it); else one that is, the task's
+    name made valid and cut, then 8 hex digits of its hash (``a.b`` → ``a-b-<hash>-sbx``).
+    The one place the rule lives, so the operator, the audit and the tests cannot
+    disagree on it."""
+    if existing:
+        return existing
+    plain = upstream_sandbox_name(task)
+    if is_dns1035_label(plain):
+        return plain
+    digest = hashlib.sha256(task.encode()).hexdigest()[:8]
+    stem = re.sub(r"[^a-z0-9-]+", "-", task.lower()).strip("-")
+    if not stem[:1].isalpha():
+        stem = f"t-{stem}"
+    stem = stem[: 63 - len(SANDBOX_SUFFIX) - len(digest) - 1].rstrip("-")
+    return f"{stem}-{digest}{SANDBOX_SUFFIX}"
 
 
 def sandbox_suspended(api_version: str, sandbox: Mapping[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from orchestrator.operator import crd
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 from worker_agent import layout
+from worker_agent.k8s_names import is_dns1035_label
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +192,25 @@ def test_an_edit_of_an_immutable_field_is_refused_naming_it(
     after = stack.task("default", name)
     assert after is not None and after["spec"] == before["spec"]
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
+
+
+def test_a_task_name_no_label_can_carry_is_refused_and_a_dotted_one_gets_a_service_name(
+    stack: DevStack,
+) -> None:
+    """Tried with kubectl apply: a 64-character name (refused in one line, nothing made)
+    and a dotted one, whose ``<task>-sbx`` is no valid Service name: its Sandbox is
+    named by ``crd.sandbox_name``, a DNS-1035 label."""
+    long = "n" * 64
+    refused = stack.apply(task_manifest(long, agents=1, suspend=True))
+    assert refused.returncode == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a CalibanTask's name is at most 63 characters" in lines[0], lines
+    assert stack.task("default", long) is None
+
+    dotted = "team.alpha"
+    assert stack.apply(task_manifest(dotted, agents=1)).returncode == 0
+    stack.wait_phase("default", dotted, "Running", timeout=120)
+    sandbox = stack.status("default", dotted)["sandboxName"]
+    assert sandbox == crd.sandbox_name(dotted) and is_dns1035_label(sandbox), sandbox
+    assert stack.kubectl("get", "sandbox", sandbox, "-n", "default", "-o", "name").stdout.strip()
+    stack.kubectl("delete", "ctask", dotted, "-n", "default", timeout=120)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.operator import crd
+from worker_agent.k8s_names import is_dns1035_label
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
@@ -138,3 +139,32 @@ def test_a_task_runs_in_its_own_sbx_sandbox_unless_it_names_an_existing_one(
 ) -> None:
     """caliban-operator's child naming: ``<task>-sbx``; ``spec.sandbox.name`` overrides."""
     assert crd.sandbox_name(task, existing) == name
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        "a" * 60,  # <task>-sbx would be 64 characters
+        "a" * 63,  # the longest name the CRD admits: 67
+        "team.alpha",  # a dot: no Service name has one
+        "7-days",  # a digit first: a DNS-1123 label, not a DNS-1035 one
+        "x." + "b" * 60,
+    ],
+)
+def test_a_task_whose_sbx_name_is_no_service_name_gets_a_sandbox_name_that_is(task: str) -> None:
+    """agent-sandbox names a Sandbox's Service after it, so the Sandbox's name must be a
+    DNS-1035 label. Tried: names ``<task>-sbx`` would make 64 and 67 characters long,
+    dotted, and starting with a digit."""
+    assert not is_dns1035_label(crd.upstream_sandbox_name(task))
+    name = crd.sandbox_name(task)
+    assert is_dns1035_label(name), name
+    assert name.endswith("-sbx") and len(name) <= 63
+    assert crd.sandbox_name(task) == name  # the same task, the same name, every time
+
+
+def test_derived_sandbox_names_of_different_tasks_differ() -> None:
+    """``team.alpha`` and ``team-alpha`` both make the stem ``team-alpha``: the hash of
+    the task's own name keeps their Sandboxes apart, as are names cut at one length."""
+    names = ["team.alpha", "team-alpha", "a" * 60, "a" * 61, "a" * 62, "a" * 63]
+    assert len({crd.sandbox_name(n) for n in names}) == len(names)
+    assert crd.sandbox_name("team-alpha") == "team-alpha-sbx"  # valid: as caliban-operator

@@ -596,6 +596,32 @@ def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) 
     )
 
 
+def test_the_calibantask_crd_refuses_a_name_no_label_can_carry(api: Api) -> None:
+    """A task's name is the value of its children's task label (at most 63 characters).
+    Tried: 64 characters (refused, one message naming why) and 63 (admitted)."""
+    definition = yaml.safe_load(
+        (REPO / "orchestrator/operator/crds/calibantask.yaml").read_text(encoding="utf-8")
+    )
+    api.state.create(api.crds, None, definition)
+    group = definition["spec"]["group"]
+    version = next(v["name"] for v in definition["spec"]["versions"] if v.get("storage"))
+    tasks = api.registry.lookup(group, version, "calibantasks")
+    assert tasks is not None
+
+    def task(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{group}/{version}",
+            "kind": "CalibanTask",
+            "metadata": {"name": name},
+            "spec": {"task": {"agents": 1}},
+        }
+
+    api.state.create(tasks, NS, task("a" * 63))
+    error = refused(api.state.create, tasks, NS, task("b" * 64))
+    assert error.message.startswith(f'CalibanTask.{group} "{"b" * 64}" is invalid: ')
+    assert "a CalibanTask's name is at most 63 characters" in error.message
+
+
 def test_what_an_update_leaves_unchanged_is_not_held_to_a_rule_again(api: Api) -> None:
     """Ratcheting, as the API server does it. Tried: a rule added to the CRD after an
     object broke it; the object's other fields and its status still change, and a change

@@ -17,7 +17,7 @@ from orchestrator.operator.crd import (
     GROUP,
     SANDBOX_API_VERSIONS,
     Manifest,
-    sandbox_name,
+    upstream_sandbox_name,
 )
 from orchestrator.operator.lifecycle.declared import CalibanTaskSpec, DeclaredError, EnvVar
 from orchestrator.operator.workspace import DAEMON_PROVIDER, Binding
@@ -133,7 +133,7 @@ def on_existing_sandbox(spec: TaskSpec, task: str, existing_sandboxes: bool) -> 
     named it: waited for, drained, suspended and resumed, never created."""
     if not existing_sandboxes or spec.sandbox_name is not None:
         return spec
-    return replace(spec, sandbox_name=sandbox_name(task))
+    return replace(spec, sandbox_name=upstream_sandbox_name(task))
 
 
 def admit_spec(
