@@ -48,6 +48,7 @@ class StatusWrite(TypedDict, total=False):
     agents: int
     applied_agents: int
     checkpoint_ref: str | None
+    checkpoint_agents: int | None
     pvc_name: str
     sandbox_name: str
     sandbox_api_version: str | None
@@ -91,6 +92,7 @@ class TaskStatus(BaseModel):
     agents: int | None = None
     applied_agents: int | None = None
     checkpoint_ref: str | None = None
+    checkpoint_agents: int | None = None
     pvc_name: str | None = None
     sandbox_name: str | None = None
     sandbox_api_version: str | None = None

@@ -76,7 +76,11 @@ async def suspend_checkpointed(p: TaskPass, spec: TaskSpec, ref: str, doing: str
                 message=f"Sandbox {p.namespace}/{sandbox} was deleted while {doing}: "
                 f"checkpoint {ref} holds the agents; a wake makes the Sandbox again",
             )
-    p.set_status(checkpoint_ref=ref, idle_since=None)
+    # Nothing is live once suspended: status.agents says so, and the checkpoint's own
+    # count (what a wake brings back) has its own field.
+    checkpoint = await ledger_call(p.ledger.get_checkpoint, ref)
+    held = None if checkpoint is None else len(checkpoint.agents)
+    p.set_status(checkpoint_ref=ref, checkpoint_agents=held, idle_since=None, agents=0)
     p.set_condition("Checkpointed", True, "Recorded", f"checkpoint {ref}")
     return True
 

@@ -46,6 +46,8 @@ def test_suspend_true_adopts_an_idle_pause_and_only_suspend_false_resumes_it(
     stack.wait_phase("default", name, "Suspended", timeout=120)
     paused = stack.status("default", name)
     assert paused["pausedBy"] == "idle"
+    # Nothing is live while Suspended; the checkpoint's count has its own field.
+    assert (paused["agents"], paused["checkpointAgents"]) == (0, 2), paused
     pauses = paused["pauses"]
 
     patch_lifecycle(stack, name, suspend=True)
