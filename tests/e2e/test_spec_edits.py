@@ -214,3 +214,33 @@ def test_a_task_name_no_label_can_carry_is_refused_and_a_dotted_one_gets_a_servi
     assert sandbox == crd.sandbox_name(dotted) and is_dns1035_label(sandbox), sandbox
     assert stack.kubectl("get", "sandbox", sandbox, "-n", "default", "-o", "name").stdout.strip()
     stack.kubectl("delete", "ctask", dotted, "-n", "default", timeout=120)
+
+
+def test_a_resume_from_edit_is_refused_once_the_task_has_started(stack: DevStack) -> None:
+    """Tried with kubectl patch: ``spec.resumeFrom`` set on a Running task (refused in
+    one line, the spec unchanged; it was ignored without a word, and prune then kept
+    that checkpoint for ever), and on a task created suspended, which has started
+    nothing (accepted: a task not yet started is corrected through it)."""
+    running, idle = "started", "not-started"
+    assert stack.apply(task_manifest(running, agents=1)).returncode == 0
+    assert stack.apply(task_manifest(idle, agents=1, suspend=True)).returncode == 0
+    stack.wait_phase("default", running, "Running", timeout=120)
+    stack.wait_phase("default", idle, "Suspended", timeout=120)
+    edit = json.dumps({"spec": {"resumeFrom": {"checkpointRef": "ckpt-0123456789abcdef0123"}}})
+    before = stack.task("default", running)
+    assert before is not None
+    refused = stack.kubectl("patch", "ctask", running, "-n", "default", "--type=merge", "-p",
+                            edit, check=False)  # fmt: skip
+    assert refused.returncode == 1
+    lines = refused.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1 and "spec.resumeFrom cannot change once the task has started" in (lines[0])
+    ), lines
+    after = stack.task("default", running)
+    assert after is not None and after["spec"] == before["spec"]
+
+    stack.kubectl("patch", "ctask", idle, "-n", "default", "--type=merge", "-p", edit)
+    corrected = stack.task("default", idle)
+    assert corrected is not None
+    assert corrected["spec"]["resumeFrom"] == {"checkpointRef": "ckpt-0123456789abcdef0123"}
+    stack.kubectl("delete", "ctask", running, idle, "-n", "default", timeout=120)
