@@ -436,7 +436,9 @@ def _grow(
 ) -> None:
     records = client.agents()
     missing = request.agents - sum(not r.retired for r in records)
-    revive = [r for r in records if r.retired][: max(0, missing)]
+    # A retired agent that never saved a turn (drained before its first) has nothing to
+    # resume: a new agent is spawned in its place.
+    revive = [r for r in records if r.retired and r.turns][: max(0, missing)]
     for record in revive:
         results.append(_bring(client, request, record.id))
     for _ in range(max(0, missing - len(revive))):

@@ -490,14 +490,25 @@ class Supervisor:
         just_stopped = {a.id for a in stopped}
         refs = []
         changed = []
+        never_saved = []
         for agent in agents:
             ref = self._drained_refs.pop(agent.id, None) if agent.id in just_stopped else None
             if ref is None:
                 ref = self._resume_ref(agent.record)
+            if _never_saved(ref, Path(agent.record.session_dir)):
+                # Spawned, then drained before its first turn was saved: it holds nothing
+                # a checkpoint could keep, and a resume of it could only fail. Out of the
+                # checkpoint, retired so that no recovery or heartbeat counts it again.
+                self.registry.update(agent, persist=False, retired=True)
+                changed.append(agent.record)
+                never_saved.append(agent.id)
+                continue
             if agent.record.turns != ref.turns:
                 self.registry.update(agent, persist=False, turns=ref.turns)
                 changed.append(agent.record)
             refs.append(ref)
+        if never_saved:
+            log.info("never_saved agents=%s: left out of the checkpoint", ",".join(never_saved))
         if changed or stopped:
             await asyncio.to_thread(self.registry.save, changed, sync=bool(stopped))
         return refs
@@ -560,3 +571,10 @@ def _new_record(directory: Path, spec: proto.SpawnSpec, *, turns: int = 0) -> Ag
         updated_at=now,
         turns=turns,
     )
+
+
+def _never_saved(ref: ResumeRef, directory: Path) -> bool:
+    """Whether the agent of ``ref`` never saved a turn: no session file at all, and no
+    turn on record (an agent whose session went missing after it saved turns is lost
+    work, and stays in the checkpoint, unclean, saying so)."""
+    return ref.session_sha256 is None and not ref.turns and not session_file(directory).exists()

@@ -9,11 +9,13 @@ out of the checkpoint, a restarted daemon keeps it retired, and only an explicit
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
 from tests.integration.test_drain_resume import LONG_SCRIPT, assert_ref_matches_disk
 from tests.support import DaemonProcess, wait_until
+from worker_agent import layout
 from worker_agent.client import ControlError
 from worker_agent.proto import AgentStatus
 from worker_agent.session import load_session, message_text
@@ -101,3 +103,25 @@ def test_a_malformed_retire_is_refused_in_one_line_and_retires_nothing(
     assert refused.value.body.message.startswith("bad request: ")
     assert says in refused.value.body.message and "\n" not in refused.value.body.message
     assert all(r.status.live and not r.retired for r in daemon.records().values())
+
+
+def test_an_agent_drained_before_it_saved_anything_is_left_out_and_retired(
+    daemon: DaemonProcess,
+) -> None:
+    """Tried: an agent spawned and drained at once, its worker still starting (killed by
+    SIGTERM before its handler is in place, so it never wrote session.json). It holds
+    nothing: the drain's refs leave it out (it was in them, 0 turns, unclean, no sha,
+    and its restore went PartlyResumed, then CrashLoop), it is retired so no recovery
+    or heartbeat counts it, and the agent that worked is in the refs, clean."""
+    [working] = daemon.spawn_working(1, LONG_SCRIPT, min_turns=1)
+    with daemon.client() as client:
+        fresh = client.spawn(provider="scripted", model=LONG_SCRIPT).id
+        refs = client.drain(grace_secs=30)
+    records = daemon.records()
+    # The premise: the fresh agent's worker never saved a session.
+    assert not layout.session_file(Path(records[fresh].session_dir)).exists()
+    assert [r.id for r in refs] == [working]
+    assert refs[0].clean
+    assert records[fresh].retired and not records[working].retired
+    with daemon.client() as client:  # and it stays out of every later drain
+        assert [r.id for r in client.drain(grace_secs=5)] == [working]
