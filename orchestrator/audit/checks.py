@@ -96,6 +96,8 @@ class TaskState:
     """``status.disruption``: what the operator saw go wrong (``DaemonSilent``, …)."""
     consistent: tuple[str, str, str] | None = None
     """Its ``Consistent`` condition as (status, reason, message), if it has one."""
+    sandbox_name: str | None = None
+    """``status.sandboxName``: the Sandbox it runs in."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ class Cluster:
     pvcs: list[PvcState] = field(default_factory=list)
     snapshots: list[SnapshotState] = field(default_factory=list)
     snapshots_served: bool = True
+    sandboxes_served: bool = True
+    """Whether the cluster serves the Sandbox API (``sandboxes`` lists them all)."""
 
     def task_by_uid(self) -> dict[str, TaskState]:
         return {t.uid: t for t in self.tasks}
@@ -295,6 +299,46 @@ def check_tasks(
                         f"phase {task.phase} for {phase_age:.0f}s, but {'; '.join(problems)}",
                     )
                 )
+    return found
+
+
+def check_task_children(cluster: Cluster, now: datetime, limits: Thresholds) -> list[Finding]:
+    """A task past its phase's settling time that runs, or is kept to run again, on a
+    workspace PVC that does not exist or is being deleted (its agents' work goes with
+    its pod; a wake can only fail), or that is Running while its Sandbox does not
+    exist (the operator re-creates it once the daemon is silent)."""
+    found: list[Finding] = []
+    pvcs = {(p.namespace, p.name): p for p in cluster.pvcs}
+    sandboxes = {(s.namespace, s.name) for s in cluster.sandboxes}
+    for task in cluster.tasks:
+        if task.deleting or task.phase not in (*DAEMON_PHASES, Phase.SUSPENDED):
+            continue
+        phase_age = _age(now, task.phase_since)
+        if phase_age is None or phase_age <= limits.phase_settle_secs:
+            continue
+        problems = []
+        if task.pvc_name:
+            pvc = pvcs.get((task.namespace, task.pvc_name))
+            if pvc is None or pvc.terminating:
+                state = "does not exist" if pvc is None else "is being deleted"
+                problems.append(f"its workspace PVC {task.pvc_name} {state}")
+        if (
+            task.phase == Phase.RUNNING
+            and cluster.sandboxes_served
+            and task.sandbox_name
+            and (task.namespace, task.sandbox_name) not in sandboxes
+        ):
+            problems.append(f"its Sandbox {task.sandbox_name} does not exist")
+        if problems:
+            found.append(
+                Finding(
+                    FindingKind.TASK_CHILD_GONE,
+                    f"calibantask {task.namespace}/{task.name}",
+                    f"phase {task.phase} for {phase_age:.0f}s, but {'; '.join(problems)}",
+                    task.namespace,
+                    task.name,
+                )
+            )
     return found
 
 

@@ -37,6 +37,9 @@ class FindingKind(StrEnum):
     SUSPENDED_NOT_STOPPED = "SuspendedNotStopped"
     """A Suspended task whose Sandbox is not suspended, whose pod still exists, or whose
     daemon still reports live agents."""
+    TASK_CHILD_GONE = "TaskChildGone"
+    """A task that runs (or is kept to run again) on a workspace PVC that no longer exists
+    or is being deleted, or a Running task whose Sandbox does not exist."""
     UNKNOWN_CHECKPOINT = "CheckpointRefUnknown"
     """``status.checkpointRef`` names a checkpoint the ledger does not hold."""
     # operations

@@ -95,9 +95,11 @@ def read_cluster() -> Cluster:
                 deleting=bool(meta.get("deletionTimestamp")),
                 disruption=status.get("disruption"),
                 consistent=_condition(status, "Consistent"),
+                sandbox_name=status.get("sandboxName"),
             )
         )
     stored = sandbox_storage_version()
+    cluster.sandboxes_served = stored is not None
     if stored is not None:
         for obj in _custom(crd.SANDBOX_GROUP, stored, crd.SANDBOX_PLURAL):
             cluster.sandboxes.append(_sandbox(f"{crd.SANDBOX_GROUP}/{stored}", obj))

@@ -33,6 +33,7 @@ from orchestrator.audit.checks import (
     check_orphans,
     check_sessions,
     check_snapshots,
+    check_task_children,
     check_tasks,
 )
 from orchestrator.audit.findings import Finding, FindingKind
@@ -174,6 +175,7 @@ class Auditor:
             labelled_snaps = {(s.namespace, s.name) for s in cluster.snapshots if s.checkpoint}
             used_pvcs, used_snaps = self.ledger.workspace_references(labelled_pvcs, labelled_snaps)
             found += check_orphans(cluster, used_pvcs, used_snaps)
+            found += check_task_children(cluster, now, self.limits)
         counts.update(
             tasks=len(cluster.tasks),
             sandboxes=len(cluster.sandboxes),

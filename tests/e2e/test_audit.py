@@ -136,7 +136,7 @@ def metrics(stack: DevStack) -> dict[str, float]:
 def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period(
     stack: DevStack,
 ) -> None:
-    """Tried: eleven inconsistencies planted at once across ten tasks; the periodic
+    """Tried: twelve inconsistencies planted at once across eleven tasks; the periodic
     audit's next report holds exactly those findings, and says each one loudly."""
     assert stack.audit()["clean"], "a fresh stack audits clean"
     # -- checkpoints of deleted tasks
@@ -151,6 +151,7 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     twin_pvc = running(stack, "twin")
     paused(stack, "rebound")
     paused(stack, "lost")
+    paused(stack, "dropped")
     settle = time.monotonic()
     assert stack.audit()["clean"], "every task is healthy before anything is planted"
     planted_at = datetime.now(UTC)
@@ -212,6 +213,8 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     stack.kubectl("patch", SANDBOXES, sandbox_name("rebound"), "--type", "json", "-p", json.dumps(
         [{"op": "replace", "value": "not-rebounds-uid",
           "path": f"/spec/podTemplate/spec/containers/0/args/{at}"}]))  # fmt: skip
+    # A paused task's workspace PVC deleted: its wake could only fail WorkspaceGone.
+    stack.kubectl("delete", "pvc", stack.pvc_of("dropped"))
     # A status naming a checkpoint the ledger does not hold.
     stack.kubectl("patch", "ctask", "lost", "--subresource=status", "--type", "merge",
                   "-p", '{"status": {"checkpointRef": "ckpt-00000000000000000000"}}')  # fmt: skip
@@ -231,6 +234,7 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
         ("DuplicateDaemon", f"pvc default/{twin_pvc}"),
         ("QueueMismatch", f"sandbox default/{sandbox_name('rebound')}"),
         ("CheckpointRefUnknown", "calibantask default/lost"),
+        ("TaskChildGone", "calibantask default/dropped"),
     }
     assert keys(report) == expected, json.dumps(report["findings"], indent=1)
     elapsed = (datetime.fromisoformat(report["started_at"]) - planted_at).total_seconds()

@@ -39,6 +39,7 @@ from orchestrator.audit.checks import (
     check_orphans,
     check_sessions,
     check_snapshots,
+    check_task_children,
     check_tasks,
 )
 from orchestrator.audit.observe import Volumes, read_sessions
@@ -1151,6 +1152,59 @@ def test_run_without_findings_does_not_wait_to_confirm(ledger: Ledger) -> None:
     assert report.clean
     assert auditor.slept == []
     assert auditor.reads == []
+
+
+# ------------------------------------------------------------------ task children
+
+
+def children_found(*tasks: TaskState, pvcs: tuple[PvcState, ...] = (),
+                   sandboxes: tuple[SandboxState, ...] = ()) -> list[Finding]:  # fmt: skip
+    cluster = Cluster(tasks=list(tasks), pvcs=list(pvcs), sandboxes=list(sandboxes))
+    return check_task_children(cluster, NOW, LIMITS)
+
+
+def test_a_running_task_whose_pvc_or_sandbox_is_gone_is_a_finding() -> None:
+    """Tried: a Running task whose workspace PVC was deleted, one whose PVC is being
+    deleted (a pod keeps it until it goes), and one whose Sandbox was deleted; each is
+    named once, with what is gone."""
+    named = crd.sandbox_name
+    gone = task("gone", sandbox_name=named("gone"))
+    going = task("going", sandbox_name=named("going"))
+    bare = task("bare", sandbox_name=named("bare"))
+    found = children_found(
+        gone, going, bare,
+        pvcs=(pvc("going-workspace", terminating=True), pvc("bare-workspace")),
+        sandboxes=(sandbox("gone"), sandbox("going")),
+    )  # fmt: skip
+    assert kinds(found) == [FindingKind.TASK_CHILD_GONE] * 3
+    messages = {f.task: f.message for f in found}
+    assert "its workspace PVC gone-workspace does not exist" in messages["gone"]
+    assert "its workspace PVC going-workspace is being deleted" in messages["going"]
+    assert f"its Sandbox {named('bare')} does not exist" in messages["bare"]
+    assert all(m.startswith("phase Running for 3600s, but ") for m in messages.values())
+
+
+def test_a_suspended_task_whose_pvc_is_gone_is_a_finding_its_gone_sandbox_is_not() -> None:
+    """A wake of it could only fail: its workspace is gone. Its Sandbox may be gone (a
+    wake makes it again). Tried both."""
+    without_pvc = task("paused", phase=Phase.SUSPENDED.value, sandbox_name="x")
+    without_sandbox = task("held", phase=Phase.SUSPENDED.value, sandbox_name="y")
+    found = children_found(without_pvc, without_sandbox, pvcs=(pvc("held-workspace"),))
+    assert [(f.kind, f.task) for f in found] == [(FindingKind.TASK_CHILD_GONE, "paused")]
+
+
+def test_no_child_finding_while_a_phase_settles_or_for_what_does_not_run() -> None:
+    """Tried: a task that just went Running (its PVC and Sandbox on their way), a
+    Failed, a Pending and a deleting task without either, and a cluster that serves no
+    Sandbox API: no finding."""
+    fresh = task("fresh", phase_since=ago(2), sandbox_name="s")
+    failed = task("failed", phase=Phase.FAILED.value, sandbox_name="s")
+    pending = task("pending", phase=Phase.PENDING.value, sandbox_name="s")
+    deleting = task("deleting", deleting=True, sandbox_name="s")
+    assert children_found(fresh, failed, pending, deleting) == []
+    unserved = Cluster(tasks=[task("t", sandbox_name="s")], pvcs=[pvc("t-workspace")],
+                       sandboxes_served=False)  # fmt: skip
+    assert check_task_children(unserved, NOW, LIMITS) == []
 
 
 # --------------------------------------------------------------------------- report
