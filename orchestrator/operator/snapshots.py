@@ -64,8 +64,11 @@ async def snapshot_cut(p: TaskPass, ref: str) -> bool:
     pvc, name = checkpoint.pvc_name, checkpoint.snapshot_name
     if name is None:
         if await kube.get_pvc(p.namespace, pvc) is None:
-            # Deleted under the task: a snapshot of it would wait for ever for its source.
-            await snapshot_failed(p, ref, None, f"workspace PVC {pvc} is gone: nothing to copy")
+            # Deleted under the task: a snapshot of it would wait for ever for its source,
+            # and a checkpoint only that PVC held is gone with it.
+            why = f"workspace PVC {pvc} is gone: nothing to copy"
+            await snapshot_failed(p, ref, None, why)
+            await ledger_call(p.ledger.mark_workspace_gone, p.namespace, pvc, why)
             return True
         class_name, problem = await _snapshot_class_of(p, pvc)
         if problem is not None:

@@ -18,6 +18,8 @@ What was tried:
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.ledger import OperationKind
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 
@@ -189,3 +192,56 @@ def test_a_second_writer_of_status_phase_changes_nothing_the_operator_decides(
     kept = stack.ledger.get_checkpoint(str(deleted.checkpoint_ref))
     assert kept is not None and not kept.forced
     assert {a.agent_id: a.turns for a in kept.agents} == stack.turns_on_disk(pvc)
+
+
+def absent(stack: DevStack, kind: str, name: str) -> bool:
+    return stack.kubectl("get", kind, name, check=False).returncode != 0
+
+
+def test_a_finalizer_removed_by_hand_while_draining_leaves_the_ledger_true(
+    stack: DevStack,
+) -> None:
+    """Tried: a Running task deleted, and while its drain runs its finalizer removed by
+    hand (kubectl patch), the operator held (SIGSTOP) from the drain's start until the
+    task and its workspace PVC (which the task owns) are gone. The ledger must say what
+    is left: the deletion's checkpoint either has a ready snapshot or is marked
+    unavailable with its snapshot recorded failed, never "kept, snapshot pending" for a
+    PVC that is gone (its snapshot was asked for afterwards and never became ready);
+    the audit agrees."""
+    name = "unfinalized"
+    manifest = task_manifest(name, agents=1, model="turns=100000,turn_ms=200")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", name, "Running", timeout=120)
+    stack.wait_turns(stack.pvc_of(name), 1, 2)
+    pvc = stack.pvc_of(name)
+    operator = stack.operator_pid()
+    assert operator is not None
+    stack.kubectl("delete", "ctask", name, "--wait=false")
+
+    def draining() -> bool:
+        ops = stack.ledger.list_operations("default", name, 5)
+        return any(op.kind is OperationKind.DELETE_DRAIN for op in ops)
+
+    wait_until(draining, 60, "the deletion's drain in the ledger", interval=0.005)
+    # Held from the moment it sent the drain until the task and its PVC are gone, so
+    # that the deletion it follows finds them gone when it goes on, as an operator busy
+    # elsewhere would; the drain is answered and recorded meanwhile.
+    os.kill(operator, signal.SIGSTOP)
+    try:
+        stack.kubectl("patch", "ctask", name, "--type=json",
+                      "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')  # fmt: skip
+        for kind, what in (("ctask", name), ("pvc", pvc)):
+            wait_until(partial(absent, stack, kind, what), 60, f"{kind} {what} to go")
+    finally:
+        os.kill(operator, signal.SIGCONT)
+
+    def settled() -> Any:
+        c = stack.ledger.latest_checkpoint("default", name)
+        if c is None or c.snapshot_pending:
+            return None
+        return c if c.snapshot is not None or (c.snapshot_error and not c.available) else None
+
+    checkpoint = wait_until(settled, 120, "the ledger to say what is left of the checkpoint")
+    print(f"finalizer removed: checkpoint {checkpoint.ref} snapshot={checkpoint.snapshot} "
+          f"error={checkpoint.snapshot_error} unavailable={checkpoint.unavailable}")  # fmt: skip
+    assert stack.audit_findings() == []
