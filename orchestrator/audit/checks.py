@@ -523,6 +523,32 @@ def check_snapshots(
     return found
 
 
+RELEASE_STALLED_SECS = 600.0
+"""How long a prune's mark may stay on a checkpoint before it is a finding: a batch is
+marked, looked at and released in seconds, so a mark this old is a prune that stopped."""
+
+
+def check_releases(stalled: Iterable[CheckpointView], now: datetime) -> list[Finding]:
+    """Each checkpoint a prune marked as being released ``RELEASE_STALLED_SECS`` ago or
+    more (``Ledger.stalled_releases``) and never released or kept."""
+    found: list[Finding] = []
+    for c in stalled:
+        since = _age(now, c.releasing_since)
+        if since is None or since < RELEASE_STALLED_SECS:
+            continue
+        found.append(
+            Finding(
+                FindingKind.RELEASE_STALLED,
+                f"checkpoint {c.ref}",
+                f"of task {c.namespace}/{c.name}: marked as being released by drainctl ledger "
+                f"prune {since:.0f}s ago and never released or kept (the prune stopped "
+                "half-way); a restore of it waits until drainctl ledger prune runs again",
+                c.namespace,
+            )
+        )
+    return found
+
+
 def check_checkpoint_workspaces(
     checkpoints: Iterable[CheckpointView], cluster: Cluster
 ) -> list[Finding]:

@@ -24,6 +24,9 @@ class FindingKind(StrEnum):
     """The ledger still says a checkpoint's snapshot is on its way (not cut, or cut and not
     ready) long past its deadline: it never came, and the operator did not record it
     failed."""
+    RELEASE_STALLED = "ReleaseStalled"
+    """A checkpoint ``drainctl ledger prune`` marked as being released long ago and never
+    released or kept: a prune stopped half-way; a restore of it waits."""
     SESSION_MISMATCH = "SessionMismatch"
     """An agent's session in the checkpoint's workspace is not the turns and sha256 the
     ledger recorded (edited, truncated, rolled back or unreadable)."""

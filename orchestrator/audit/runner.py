@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator.audit.checks import (
+    RELEASE_STALLED_SECS,
     Cluster,
     TaskState,
     Thresholds,
@@ -31,6 +32,7 @@ from orchestrator.audit.checks import (
     check_daemons,
     check_operations,
     check_orphans,
+    check_releases,
     check_sessions,
     check_snapshots,
     check_task_children,
@@ -169,6 +171,9 @@ class Auditor:
             *check_daemons(cluster, activities, now, self.limits),
             *check_operations(overdue, self.ledger.drain_record_problems(), now, self.limits, live),
             *check_snapshots(unsettled, now, self.limits, live),
+            *check_releases(
+                self.ledger.stalled_releases(now - timedelta(seconds=RELEASE_STALLED_SECS)), now
+            ),
         ]
         if self.kubernetes:
             labelled_pvcs = {(p.namespace, p.name) for p in cluster.pvcs if p.workspace}

@@ -111,6 +111,9 @@ AGENT_ID_MAX = 64
 IDEMPOTENCY_KEY_MAX = 255
 UNAVAILABLE_MAX = 500
 
+RELEASING = "releasing_since IS NOT NULL"
+"""The checkpoints ``drainctl ledger prune`` has marked and not finished (a partial
+index's condition, as SQL)."""
 SNAPSHOT_UNSETTLED = (
     "snapshot_name IS NOT NULL AND snapshot_ready_at IS NULL AND snapshot_error IS NULL"
 )
@@ -233,6 +236,13 @@ class Checkpoint(Base):
             "id",
             postgresql_where=text(SNAPSHOT_UNSETTLED),
             sqlite_where=text(SNAPSHOT_UNSETTLED),
+        ),
+        # The checkpoints a prune is releasing: none at rest, read by every audit.
+        Index(
+            "ix_checkpoints_releasing",
+            "releasing_since",
+            postgresql_where=text(RELEASING),
+            sqlite_where=text(RELEASING),
         ),
     )
 

@@ -964,6 +964,24 @@ class Ledger:
             _move_snapshot(row, move)
             return _checkpoint_view(row)
 
+    def stalled_releases(self, before: datetime, limit: int = 100) -> list[CheckpointView]:
+        """Up to ``limit`` available checkpoints a prune marked as being released before
+        ``before`` and never finished (released or kept): a prune that stopped half-way,
+        oldest mark first. A restore of one waits until a prune settles it."""
+        query = (
+            select(Checkpoint)
+            .where(
+                Checkpoint.releasing_since.is_not(None),
+                Checkpoint.releasing_since < before,
+                Checkpoint.unavailable.is_(None),
+            )
+            .order_by(Checkpoint.releasing_since, Checkpoint.id)
+            .limit(_limit(limit))
+            .options(selectinload(Checkpoint.agents))
+        )
+        with self._sessions.begin() as session:
+            return [_checkpoint_view(row) for row in session.scalars(query)]
+
     def unsettled_snapshots(
         self, after_id: int = 0, limit: int = 500
     ) -> list[UnsettledSnapshotView]:

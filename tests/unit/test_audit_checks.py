@@ -25,6 +25,7 @@ import pytest
 from orchestrator.audit import AuditReport, Finding, FindingKind
 from orchestrator.audit.checks import (
     DAEMON_PHASES,
+    RELEASE_STALLED_SECS,
     Cluster,
     PodState,
     PvcState,
@@ -37,6 +38,7 @@ from orchestrator.audit.checks import (
     check_daemons,
     check_operations,
     check_orphans,
+    check_releases,
     check_sessions,
     check_snapshots,
     check_task_children,
@@ -1152,6 +1154,21 @@ def test_run_without_findings_does_not_wait_to_confirm(ledger: Ledger) -> None:
     assert report.clean
     assert auditor.slept == []
     assert auditor.reads == []
+
+
+# ----------------------------------------------------------------------- releases
+
+
+def test_a_prune_mark_older_than_the_bound_is_a_finding_a_fresh_one_is_not() -> None:
+    """Tried: a checkpoint marked as being released 601 s ago (a prune that stopped) and
+    one marked 5 s ago (a prune at work)."""
+    old = checkpoint("ckpt-old", releasing_since=ago(RELEASE_STALLED_SECS + 1))
+    fresh = checkpoint("ckpt-fresh", releasing_since=ago(5))
+    found = check_releases([old, fresh], NOW)
+    assert [(f.kind, f.subject) for f in found] == [
+        (FindingKind.RELEASE_STALLED, "checkpoint ckpt-old")
+    ]
+    assert "a restore of it waits until drainctl ledger prune runs again" in found[0].message
 
 
 # ------------------------------------------------------------------ task children

@@ -1026,6 +1026,27 @@ class LedgerBehaviour:
         assert ledger.begin_release([ref]) == [] and ledger.cancel_release([ref]) == []
         assert ledger.claim_for_restore("ckpt-unknown") is None
 
+    def test_stalled_releases_are_the_marks_older_than_asked_on_available_checkpoints(
+        self, ledger: Ledger
+    ) -> None:
+        """Tried: three checkpoints marked, one then kept (mark cleared), one released
+        (unavailable), one left marked; asked with a moment before and after the marks."""
+        refs = [
+            ledger.record_checkpoint(
+                begin(ledger, f"delete-drain:default/task-a:{i}").id, [],
+                reason=CheckpointReason.DELETE,
+            ).ref
+            for i in range(3)
+        ]  # fmt: skip
+        assert ledger.stalled_releases(datetime.now(UTC) + timedelta(hours=1)) == []
+        assert sorted(ledger.begin_release(refs)) == sorted(refs)
+        kept, released, stalled = refs
+        ledger.cancel_release([kept])
+        ledger.mark_checkpoints_unavailable({released: "released by drainctl ledger prune"})
+        later = datetime.now(UTC) + timedelta(seconds=1)
+        assert [c.ref for c in ledger.stalled_releases(later)] == [stalled]
+        assert ledger.stalled_releases(later - timedelta(hours=1)) == []
+
     def test_a_claim_and_a_release_racing_on_one_checkpoint_never_both_win(
         self, ledger: Ledger
     ) -> None:
