@@ -118,17 +118,27 @@ async def finish_completion(p: TaskPass, spec: TaskSpec, op: OperationView) -> N
 
 
 def while_completed(p: TaskPass, spec: TaskSpec) -> None:
-    """A wake or a change of ``spec.lifecycle.suspend`` is answered once: there is
-    nothing to resume or pause (``completed_request``)."""
+    """A wake, a change of ``spec.lifecycle.suspend`` or of ``spec.task.agents`` is
+    answered once: there is nothing to resume, pause or scale (``completed_request``)."""
     p.requeue = Requeue()
     wake = p.wake_value()
     answer = completed_request(spec.suspend, p.status.last_suspend, wake, p.status.last_wake)
     p.set_status(last_suspend=spec.suspend)
     if wake:
         p.set_status(last_wake=wake)
+    ref = p.status.checkpoint_ref
+    if p.status.applied_agents is not None and spec.agents != p.status.applied_agents:
+        # A scale of a Completed task, answered once: the change is spent.
+        p.set_status(applied_agents=spec.agents)
+        message = (
+            f"nothing to scale to {spec.agents} agents: the task completed (every agent "
+            f"finished its work) with checkpoint {ref}; to run agents from it, create a "
+            f"task with spec.resumeFrom.checkpointRef: {ref}"
+        )
+        kopf.info(p.body, reason="NothingToScale", message=message)
+        p.set_status(message=message)
     if answer is CompletedAnswer.NOTHING:
         return
-    ref = p.status.checkpoint_ref
     reason = "NothingToResume"
     message = (
         f"nothing to resume: the task completed (every agent finished its work) with "

@@ -94,6 +94,15 @@ def test_a_task_whose_agents_all_finish_completes_keeps_its_checkpoint_and_resto
         stack.watch_passes(name, 2)
     assert len(reasons(stack, name, "NothingToResume")) == 2  # the wake, and suspend: false
     assert len(reasons(stack, name, "AlreadyCompleted")) == 1  # suspend: true
+    # A scale: answered once per change (no event at all before), nothing started.
+    for agents in (3, 1):
+        stack.kubectl("patch", "ctask", name, "--type=merge",
+                      "-p", json.dumps({"spec": {"task": {"agents": agents}}}))  # fmt: skip
+        stack.watch_passes(name, 2)
+    scaled = reasons(stack, name, "NothingToScale")
+    assert [e["type"] for e in scaled] == ["Normal", "Normal"], scaled
+    assert "nothing to scale to 3 agents" in scaled[0]["message"]
+    assert f"spec.resumeFrom.checkpointRef: {ref}" in scaled[0]["message"]
     status = stack.status("default", name)
     assert status["phase"] == "Completed"
     assert status["lastWake"] == "attach-1"
