@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
@@ -92,10 +93,23 @@ def remove_planted(stack: DevStack, round_: int) -> None:
         engine.dispose()
 
 
-def restoring(name: str, ref: str) -> dict[str, object]:
+def restoring(name: str, ref: str) -> dict[str, Any]:
     manifest = task_manifest(name, agents=1)
     manifest["spec"]["resumeFrom"] = {"checkpointRef": ref}
     return manifest
+
+
+def run_races(stack: DevStack, setup: str, rounds: int = 2, tasks: int = 10) -> None:
+    """``rounds`` rounds of ``tasks`` races on ``stack`` (``setup`` names it in the line
+    printed): every race ends restored or refused, none lost."""
+    tally = Tally()
+    for round_ in range(rounds):
+        race_round(stack, tally, round_, tasks)
+    print(f"prune races {setup}: {len(tally.restored)} restored, {len(tally.refused)} "
+          f"refused, {len(tally.lost)} lost; planning took {tally.plan_secs:.1f} s, the "
+          f"prunes {', '.join(f'{s:.1f}' for s in tally.prune_secs)} s")  # fmt: skip
+    assert tally.races == rounds * tasks
+    assert tally.lost == []
 
 
 def race_round(stack: DevStack, tally: Tally, round_: int, tasks: int) -> None:

@@ -25,7 +25,7 @@ import yaml
 
 from orchestrator.ledger import CheckpointView, OperationState
 from orchestrator.operator.crd import CHECKPOINT_LABEL, TASK_LABEL, TASK_UID_LABEL
-from tests.e2e.prune_race import Tally, race_round
+from tests.e2e.prune_race import run_races
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import prompt_turns, wait_until
@@ -322,12 +322,4 @@ def test_restores_racing_a_prune_either_keep_their_checkpoint_or_are_refused(
     800 older checkpoints of gone tasks in the ledger, and a restore of each deleted
     task applied while the prune runs: after it has listed the tasks, while it reads
     the PVCs, and while it deletes. 20 races."""
-    tally = Tally()
-    for round_ in range(2):
-        race_round(stack, tally, round_, tasks=10)
-    print(f"prune races with snapshots: {len(tally.restored)} restored, "
-          f"{len(tally.refused)} refused, {len(tally.lost)} lost; planning took "
-          f"{tally.plan_secs:.1f} s, the prunes "
-          f"{', '.join(f'{s:.1f}' for s in tally.prune_secs)} s")  # fmt: skip
-    assert tally.races == 20
-    assert tally.lost == []
+    run_races(stack, "with snapshots")

@@ -12,14 +12,13 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 import yaml
 
 from orchestrator.operator.crd import sandbox_name
-from tests.e2e.prune_race import Tally, race_round
+from tests.e2e.prune_race import restoring, run_races
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -40,12 +39,6 @@ def stack() -> Iterator[DevStack]:
         assert dev.audit_findings() == []
     finally:
         dev.close()
-
-
-def restoring(name: str, ref: str) -> dict[str, Any]:
-    manifest = task_manifest(name, agents=1)
-    manifest["spec"]["resumeFrom"] = {"checkpointRef": ref}
-    return manifest
 
 
 NOT_DAEMONS = frozenset({"worker_agent.reaper", "worker_agent.consumer"})
@@ -237,12 +230,4 @@ def test_restores_racing_a_prune_either_keep_their_checkpoint_or_are_refused(
     10 tasks deleted, then ``drainctl ledger prune --keep 0`` with 800 older checkpoints
     of gone tasks, and a restore of each deleted task applied while the prune runs.
     20 races."""
-    tally = Tally()
-    for round_ in range(2):
-        race_round(stack, tally, round_, tasks=10)
-    print(f"prune races without snapshots: {len(tally.restored)} restored, "
-          f"{len(tally.refused)} refused, {len(tally.lost)} lost; planning took "
-          f"{tally.plan_secs:.1f} s, the prunes "
-          f"{', '.join(f'{s:.1f}' for s in tally.prune_secs)} s")  # fmt: skip
-    assert tally.races == 20
-    assert tally.lost == []
+    run_races(stack, "without snapshots")

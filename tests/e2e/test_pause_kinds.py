@@ -37,6 +37,17 @@ def patch_lifecycle(stack: DevStack, name: str, **fields: Any) -> None:
     stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
 
 
+def working(stack: DevStack, name: str) -> str:
+    """A task of one agent that works until told otherwise, Running with 2 turns done;
+    its workspace PVC."""
+    manifest = task_manifest(name, agents=1, model="turns=100000,turn_ms=200")
+    assert stack.apply(manifest).returncode == 0
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    return pvc
+
+
 def test_suspend_true_adopts_an_idle_pause_and_only_suspend_false_resumes_it(
     stack: DevStack,
 ) -> None:
@@ -100,12 +111,7 @@ def test_a_wake_makes_again_the_sandbox_deleted_while_the_task_was_paused(
     ``turns + 1``. (It was a 404 retried for ever, the task Suspended with
     ``suspend: false``.)"""
     name = "unsandboxed"
-    assert (
-        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
-    )
-    stack.wait_phase("default", name, "Running", timeout=120)
-    pvc = stack.pvc_of(name)
-    stack.wait_turns(pvc, 1, at_least=2)
+    pvc = working(stack, name)
     patch_lifecycle(stack, name, suspend=True)
     stack.wait_phase("default", name, "Suspended", timeout=120)
     saved = stack.turns_on_disk(pvc)
@@ -133,12 +139,7 @@ def test_a_pause_whose_sandbox_is_deleted_after_its_drain_ends_suspended(
     Sandbox again while it is paused, and a wake does, every agent at ``turns + 1``.
     (The suspension of the gone Sandbox was a 404 retried for ever, the task Draining.)"""
     name = "unsandboxed-pause"
-    assert (
-        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
-    )
-    stack.wait_phase("default", name, "Running", timeout=120)
-    pvc = stack.pvc_of(name)
-    stack.wait_turns(pvc, 1, at_least=2)
+    pvc = working(stack, name)
     sandbox = stack.status("default", name)["sandboxName"]
     before = stack.ledger.latest_checkpoint("default", name)
     operator = stack.operator_pid()
@@ -180,12 +181,7 @@ def test_a_wake_whose_workspace_pvc_was_deleted_fails_workspace_gone(stack: DevS
     pod), rather than a fresh agent at turn 0 reported Ready. The pause's checkpoint
     keeps its snapshot, so it is still restorable, and a restore continues from it."""
     name = "unworkspaced"
-    assert (
-        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
-    )
-    stack.wait_phase("default", name, "Running", timeout=120)
-    pvc = stack.pvc_of(name)
-    stack.wait_turns(pvc, 1, at_least=2)
+    pvc = working(stack, name)
     patch_lifecycle(stack, name, suspend=True)
     stack.wait_phase("default", name, "Suspended", timeout=120)
     checkpoint = stack.ledger.latest_checkpoint("default", name)
@@ -235,12 +231,7 @@ def test_a_wake_after_the_pvc_was_deleted_during_the_pause_drain_fails_workspace
     pod still runs and drains: the pause still ends Suspended on its checkpoint, and the
     wake ends Failed (WorkspaceGone), no agent started."""
     name = "unworkspaced-drain"
-    assert (
-        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
-    )
-    stack.wait_phase("default", name, "Running", timeout=120)
-    pvc = stack.pvc_of(name)
-    stack.wait_turns(pvc, 1, at_least=2)
+    pvc = working(stack, name)
     patch_lifecycle(stack, name, suspend=True)
     stack.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=false")
     stack.wait_phase("default", name, "Suspended", timeout=120)
@@ -262,12 +253,7 @@ def test_a_running_task_whose_pvc_and_sandbox_are_deleted_fails_workspace_gone(
     Running task: once the daemon is silent the operator would re-make the Sandbox, but
     on no workspace; the task ends Failed (WorkspaceGone), no fresh agent started."""
     name = "unworkspaced-running"
-    assert (
-        stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200")).returncode == 0
-    )
-    stack.wait_phase("default", name, "Running", timeout=120)
-    pvc = stack.pvc_of(name)
-    stack.wait_turns(pvc, 1, at_least=2)
+    pvc = working(stack, name)
     sandbox = stack.status("default", name)["sandboxName"]
     stack.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=false")
     stack.kubectl("delete", "sandbox", sandbox, "-n", "default", "--wait=true")

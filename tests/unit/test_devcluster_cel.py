@@ -9,6 +9,7 @@ layer calls."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -565,7 +566,10 @@ def test_the_crds_the_dev_stack_serves_have_rules_that_all_compile() -> None:
 # ---------------------------------------------------------------------------- CalibanTask
 
 
-def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) -> None:
+def calibantasks(
+    api: Api,
+) -> tuple[ServedResource, Callable[[str, dict[str, Any]], dict[str, Any]], str]:
+    """The CalibanTask CRD served by ``api``: its resource, a maker of tasks, its group."""
     definition = yaml.safe_load(
         (REPO / "orchestrator/operator/crds/calibantask.yaml").read_text(encoding="utf-8")
     )
@@ -583,6 +587,11 @@ def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) 
             "spec": spec,
         }
 
+    return tasks, task, group
+
+
+def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) -> None:
+    tasks, task, group = calibantasks(api)
     api.state.create(tasks, NS, task("plain", {"task": {"agents": 1}}))
     api.state.create(
         tasks, NS, task("ws", {"task": {"prompt": "go"}, "workspaceRef": {"name": "repo"}})
@@ -599,22 +608,10 @@ def test_the_calibantask_crd_refuses_a_workspace_ref_without_a_prompt(api: Api) 
 def test_the_calibantask_crd_refuses_a_name_no_label_can_carry(api: Api) -> None:
     """A task's name is the value of its children's task label (at most 63 characters).
     Tried: 64 characters (refused, one message naming why) and 63 (admitted)."""
-    definition = yaml.safe_load(
-        (REPO / "orchestrator/operator/crds/calibantask.yaml").read_text(encoding="utf-8")
-    )
-    api.state.create(api.crds, None, definition)
-    group = definition["spec"]["group"]
-    version = next(v["name"] for v in definition["spec"]["versions"] if v.get("storage"))
-    tasks = api.registry.lookup(group, version, "calibantasks")
-    assert tasks is not None
+    tasks, make, group = calibantasks(api)
 
     def task(name: str) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{group}/{version}",
-            "kind": "CalibanTask",
-            "metadata": {"name": name},
-            "spec": {"task": {"agents": 1}},
-        }
+        return make(name, {"task": {"agents": 1}})
 
     api.state.create(tasks, NS, task("a" * 63))
     error = refused(api.state.create, tasks, NS, task("b" * 64))
