@@ -12,6 +12,7 @@ fleet benchmark runs them) never share state.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +33,10 @@ SNAPSHOT_POLL_SECS = 0.005
 """How often the deletions waiting for their checkpoints' snapshots look whether they are
 ready (one list of them all), stretched by ``SNAPSHOT_POLL_PER_TASK`` for each."""
 SNAPSHOT_POLL_PER_TASK = 0.0005
+
+
+RELEASED_KEPT = 4096
+"""Deletions whose release an operator remembers, to say each ``Checkpointed`` once."""
 
 
 @dataclass
@@ -58,6 +63,22 @@ class OperatorContext:
     following: asyncio.Task[None] | None = None
     """``snapshot_follower.run``, while kopf runs (with ``--manage-sandbox`` and
     ``DRAIN_SNAPSHOTS``: the operator takes snapshots)."""
+
+    released: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
+    """(task uid, checkpoint ref) of the latest ``RELEASED_KEPT`` deletions released with
+    their checkpoint: kopf may run a deletion's handler once more after it succeeded
+    (an event of the task's own status write comes before the finalizer is gone), and
+    the ``Checkpointed`` event is said once (``first_release``)."""
+
+    def first_release(self, uid: str, ref: str) -> bool:
+        """Whether this is the first release of task ``uid`` with checkpoint ``ref`` that
+        this operator has seen (of the latest ``RELEASED_KEPT``)."""
+        if (uid, ref) in self.released:
+            return False
+        self.released[(uid, ref)] = None
+        while len(self.released) > RELEASED_KEPT:
+            self.released.popitem(last=False)
+        return True
 
     def __post_init__(self) -> None:
         self.drain_states = following.Poller("drains", DELETE_POLL_SECS, self._read_drains)

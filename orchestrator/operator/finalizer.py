@@ -274,7 +274,8 @@ async def _release_with_checkpoint(r: TaskPass, ref: str, terminating: bool = Fa
         )
         if gone:
             where += f": marked unavailable in the ledger: {', '.join(gone)}"
-    kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
+    if r.ctx.first_release(r.uid, ref):
+        kopf.info(r.body, reason="Checkpointed", message=f"checkpoint {ref}; {where}")
 
 
 async def _missed_snapshots(r: TaskPass, ref: str) -> list[str]:

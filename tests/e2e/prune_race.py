@@ -45,6 +45,8 @@ class Tally:
     refused: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     prune_secs: list[float] = field(default_factory=list)
+    said_twice: list[str] = field(default_factory=list)
+    """Deleted tasks with other than one ``Checkpointed`` event."""
     plan_secs: float | None = None
     """How long a prune takes to plan (a ``--dry-run``), measured in the first round."""
 
@@ -109,7 +111,9 @@ def run_races(stack: DevStack, setup: str, rounds: int = 2, tasks: int = 10) -> 
           f"refused, {len(tally.lost)} lost; planning took {tally.plan_secs:.1f} s, the "
           f"prunes {', '.join(f'{s:.1f}' for s in tally.prune_secs)} s")  # fmt: skip
     assert tally.races == rounds * tasks
-    assert tally.lost == []
+    assert tally.lost == [], tally.lost
+    # One event for each of the 2 * rounds * tasks deletions.
+    assert tally.said_twice == [], tally.said_twice
 
 
 def race_round(stack: DevStack, tally: Tally, round_: int, tasks: int) -> None:
@@ -123,6 +127,7 @@ def race_round(stack: DevStack, tally: Tally, round_: int, tasks: int) -> None:
         stack.wait_phase("default", name, "Running", timeout=120)
         stack.wait_turns(stack.pvc_of(name), 1, 2)
     stack.kubectl("delete", "ctask", *names, timeout=180)
+    tally.said_twice += said_other_than_once(stack, names)
     saved = {}
     for name in names:
         checkpoint = stack.ledger.latest_checkpoint("default", name)
@@ -169,7 +174,20 @@ def race_round(stack: DevStack, tally: Tally, round_: int, tasks: int) -> None:
                 f"{back}: phase {status.get('phase')} ({status.get('message')}); checkpoint "
                 f"{ref} unavailable: {checkpoint.unavailable}"
             )
-    stack.kubectl("delete", "ctask", *(f"{name}-back" for name in names), timeout=180)
+    backs = [f"{name}-back" for name in names]
+    stack.kubectl("delete", "ctask", *backs, timeout=180)
+    tally.said_twice += said_other_than_once(stack, backs)
+
+
+def said_other_than_once(stack: DevStack, names: list[str]) -> list[str]:
+    """Of the deleted tasks ``names``, each whose deletion was not said by exactly one
+    ``Checkpointed`` event (kopf may run a deletion's handler again after it succeeded)."""
+    found = []
+    for name in names:
+        said = [e for e in stack.events_of(name) if e["reason"] == "Checkpointed"]
+        if len(said) != 1:
+            found.append(f"{name}: {len(said)} Checkpointed events: {said}")
+    return found
 
 
 def continued(stack: DevStack, name: str, checkpoint: CheckpointView, secs: float = 60) -> bool:
