@@ -131,9 +131,9 @@ def while_completed(p: TaskPass, spec: TaskSpec) -> None:
         # A scale of a Completed task, answered once: the change is spent.
         p.set_status(applied_agents=spec.agents)
         message = (
-            f"nothing to scale to {spec.agents} agents: the task completed (every agent "
-            f"finished its work) with checkpoint {ref}; to run agents from it, create a "
-            f"task with spec.resumeFrom.checkpointRef: {ref}"
+            f"nothing to scale (spec.task.agents is now {spec.agents}): the task completed "
+            f"(every agent finished its work) with checkpoint {ref}; to run agents from it, "
+            f"create a task with spec.resumeFrom.checkpointRef: {ref}"
         )
         kopf.info(p.body, reason="NothingToScale", message=message)
         p.set_status(message=message)

@@ -270,14 +270,23 @@ def test_every_planted_inconsistency_is_reported_with_its_kind_within_one_period
     assert stack.kubectl("get", "sandbox", "twin-rogue", check=False).returncode == 0
 
 
+def cmdline(pid: int) -> list[str]:
+    """``pid``'s command line; none for a process gone since it was listed (the stack
+    starts short-lived ones: its auditor's reads, kubectl)."""
+    try:
+        return list(psutil.Process(pid).cmdline())
+    except psutil.NoSuchProcess:
+        return []
+
+
 def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) -> None:
     """Tried: the orchestrator worker stopped (SIGSTOP) with an operation past its
     deadline, then the operator stopped while a running task's agent is killed: the
     audit reports OperationOverdue, then StatusDisagrees ("Running, 1 agent live" with
     none running); both clear once the stopped process runs again."""
     before = keys(stack.audit())
-    worker = [p for p in descendants(stack.pid) if "worker" in psutil.Process(p).cmdline()
-              and "orchestrator.cli" in psutil.Process(p).cmdline()]  # fmt: skip
+    worker = [p for p in descendants(stack.pid)
+              if {"worker", "orchestrator.cli"} <= set(cmdline(p))]  # fmt: skip
     assert worker, "the stack's orchestrator worker"
     for pid in worker:
         os.kill(pid, signal.SIGSTOP)
