@@ -239,7 +239,7 @@ async def ensure_sandbox(p: TaskPass, spec: TaskSpec) -> None:
         existing_sandbox_missing(p, spec.sandbox_name)
         return
     pvc = p.pvc_name
-    if await workspace_gone(p, f"Sandbox {p.namespace}/{sandbox} and its workspace PVC {pvc}"):
+    if await workspace_gone(p, f"Sandbox {p.namespace}/{sandbox} and its workspace PVC {pvc} are"):
         return
     if (waiting := await restore.last_pod_on(p, pvc, spec)) is not None:
         p.set_status(message=waiting.why)
@@ -254,7 +254,8 @@ async def ensure_sandbox(p: TaskPass, spec: TaskSpec) -> None:
 
 async def workspace_gone(p: TaskPass, what: str) -> bool:
     """Whether the task's workspace PVC is gone or being deleted. If it is, the task
-    fails ``WorkspaceGone`` (``what`` says what is gone) before any agent is started, as
+    fails ``WorkspaceGone`` (``what`` says what is gone, with its verb: "workspace PVC
+    X is") before any agent is started, as
     a resume or a re-made pod on a new, empty volume would start fresh agents under the
     old task; the checkpoints whose only workspace it was are marked unavailable."""
     pvc = p.pvc_name
@@ -267,10 +268,7 @@ async def workspace_gone(p: TaskPass, what: str) -> bool:
         pvc,
         f"workspace PVC {pvc} deleted under task {p.namespace}/{p.name}",
     )
-    message = (
-        f"{what} {'are' if ' and ' in what else 'is'} gone: nothing to bring the agents "
-        "back on; no fresh agents were started"
-    )
+    message = f"{what} gone: nothing to bring the agents back on; no fresh agents were started"
     if marked:
         message += f"; marked unavailable in the ledger: {', '.join(marked)}"
     kopf.warn(p.body, reason="WorkspaceGone", message=message)

@@ -67,8 +67,8 @@ async def snapshot_cut(p: TaskPass, ref: str) -> bool:
             # Deleted under the task: a snapshot of it would wait for ever for its source,
             # and a checkpoint only that PVC held is gone with it.
             why = f"workspace PVC {pvc} is gone: nothing to copy"
-            await snapshot_failed(p, ref, None, why)
             await ledger_call(p.ledger.mark_workspace_gone, p.namespace, pvc, why)
+            await snapshot_failed(p, ref, None, why, kept="nothing holds it: marked unavailable")
             return True
         class_name, problem = await _snapshot_class_of(p, pvc)
         if problem is not None:
@@ -177,13 +177,18 @@ async def snapshot_class(p: TaskPass, pvc_name: str) -> tuple[str | None, str | 
     return choose_snapshot_class(classes, driver), None
 
 
-async def snapshot_failed(p: TaskPass, ref: str, name: str | None, why: str) -> None:
+async def snapshot_failed(
+    p: TaskPass,
+    ref: str,
+    name: str | None,
+    why: str,
+    kept: str = "it is kept as the retained workspace PVC only",
+) -> None:
     """The checkpoint goes without a snapshot, loudly: it is kept as the retained PVC
-    only, restorable while it is that workspace's newest, by one task at a time."""
+    only, restorable while it is that workspace's newest, by one task at a time (or,
+    ``kept`` says, nothing holds it)."""
     await ledger_call(p.ledger.record_snapshot, ref, name, error=why)
     metrics.SNAPSHOTS_SETTLED.labels("failed", "pass").inc()
-    message = (
-        f"checkpoint {ref} has no snapshot: {why}; it is kept as the retained workspace PVC only"
-    )
+    message = f"checkpoint {ref} has no snapshot: {why}; {kept}"
     kopf.warn(p.body, reason="SnapshotFailed", message=message)
     p.set_condition(SNAPSHOTTED, False, "SnapshotFailed", message)

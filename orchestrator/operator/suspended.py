@@ -147,7 +147,7 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
     if (
         p.settings.manage_sandbox
         and spec.sandbox_name is None
-        and await provisioning.workspace_gone(p, f"workspace PVC {p.pvc_name}")
+        and await provisioning.workspace_gone(p, f"workspace PVC {p.pvc_name} is")
     ):
         return
     if p.settings.manage_sandbox:
