@@ -98,6 +98,18 @@ class TaskState:
     """Its ``Consistent`` condition as (status, reason, message), if it has one."""
     sandbox_name: str | None = None
     """``status.sandboxName``: the Sandbox it runs in."""
+    resume_from: str | None = None
+    """``spec.resumeFrom.checkpointRef``: the checkpoint it is (or was) restored from."""
+
+    @property
+    def restoring(self) -> bool:
+        """Whether it has not started from ``resume_from`` yet: not past its restore's
+        ``Resuming`` (a wake's ``Resuming`` resumes its own pause checkpoint instead)."""
+        if self.resume_from is None:
+            return False
+        if self.phase in (None, Phase.PENDING, Phase.PROVISIONING):
+            return True
+        return self.phase == Phase.RESUMING and self.checkpoint_ref == self.resume_from
 
 
 @dataclass(frozen=True)
@@ -181,12 +193,14 @@ def _arrived(activity: ActivityView) -> datetime:
 def check_tasks(
     cluster: Cluster,
     activities: Mapping[tuple[str, str], ActivityView],
-    known_refs: set[str],
+    known_refs: Mapping[str, str | None],
     now: datetime,
     limits: Thresholds,
 ) -> list[Finding]:
     """Each task's phase and ``status.agents`` against its daemon's heartbeat, its
-    Sandbox and pod, and its ``checkpointRef`` against the ledger."""
+    Sandbox and pod, and its ``checkpointRef`` and restore against the ledger.
+    ``known_refs``: the refs the ledger holds, each with why it is unavailable (None:
+    restorable)."""
     found: list[Finding] = []
     sandboxes = {(s.namespace, s.name): s for s in cluster.sandboxes}
     pods_of: dict[str, list[PodState]] = defaultdict(list)
@@ -211,6 +225,9 @@ def check_tasks(
             )
         if task.deleting:
             continue  # the drain finalizer owns it now
+        stuck = _restore_stuck(task, known_refs, now, limits)
+        if stuck is not None:
+            found.append(finding(FindingKind.RESTORE_STUCK, stuck))
         activity = activities.get((task.namespace, task.name))
         mine = activity if activity is not None and activity.task_uid in (None, task.uid) else None
         age = None if mine is None else _age(now, _arrived(mine))
@@ -300,6 +317,31 @@ def check_tasks(
                     )
                 )
     return found
+
+
+def _restore_stuck(
+    task: TaskState, known_refs: Mapping[str, str | None], now: datetime, limits: Thresholds
+) -> str | None:
+    """Why ``task``'s restore can only fail, once it has waited past a phase's settling
+    time: its checkpoint is gone from the ledger or released (the operator refuses such
+    a restore at its next pass, so a finding means it is not acting on the task)."""
+    if not task.restoring or task.resume_from is None:
+        return None
+    waited = _age(now, task.phase_since or task.created_at)
+    if waited is None or waited <= limits.phase_settle_secs:
+        return None
+    ref = task.resume_from
+    if ref not in known_refs:
+        why = "is not in the ledger"
+    elif (gone := known_refs[ref]) is not None:
+        why = f"is unavailable ({gone})"
+    else:
+        return None
+    return (
+        f"phase {task.phase or 'none'} for {waited:.0f}s, restoring checkpoint {ref} "
+        f"(spec.resumeFrom), which {why}: the restore can only fail, and the task was not "
+        "failed; is the operator running?"
+    )
 
 
 def check_task_children(cluster: Cluster, now: datetime, limits: Thresholds) -> list[Finding]:
@@ -483,6 +525,14 @@ class SessionReading:
     sha256: str | None
     error: str | None = None
 
+    @classmethod
+    def missing(cls) -> SessionReading:
+        """No session file where the checkpoint puts the agent's session."""
+        return cls(None, None, SESSION_MISSING)
+
+
+SESSION_MISSING = "is missing"
+
 
 def check_snapshots(
     unsettled: Iterable[UnsettledSnapshotView],
@@ -619,6 +669,8 @@ def check_sessions(
         got = readings.get(agent.agent_id)
         if got is None:
             continue
+        if got.error == SESSION_MISSING and agent.session_sha256 is None and agent.turns == 0:
+            continue  # the ledger recorded no session for it: there is none to be missing
         if got.error is not None:
             why = got.error
         elif (got.turns, got.sha256) != (agent.turns, agent.session_sha256):

@@ -45,6 +45,10 @@ class FindingKind(StrEnum):
     or is being deleted, or a Running task whose Sandbox does not exist."""
     UNKNOWN_CHECKPOINT = "CheckpointRefUnknown"
     """``status.checkpointRef`` names a checkpoint the ledger does not hold."""
+    RESTORE_STUCK = "RestoreStuck"
+    """A task still restoring from ``spec.resumeFrom`` (not yet Running on it) whose
+    checkpoint the ledger holds no more, or holds as unavailable (released): the restore
+    can only fail, and nothing said so."""
     # operations
     OPERATION_OVERDUE = "OperationOverdue"
     """An operation not finished long after its deadline: the deadline sweeper did not

@@ -64,6 +64,12 @@ def _custom(group: str, version: str, plural: str) -> Iterator[dict[str, Any]]:
             raise
 
 
+def _resume_from(spec: Any) -> str | None:
+    resume = spec.get("resumeFrom") if isinstance(spec, dict) else None
+    ref = resume.get("checkpointRef") if isinstance(resume, dict) else None
+    return ref if isinstance(ref, str) and ref else None
+
+
 def _condition(status: dict[str, Any], type_: str) -> tuple[str, str, str] | None:
     for cond in status.get("conditions") or []:
         if cond.get("type") == type_:
@@ -96,6 +102,7 @@ def read_cluster() -> Cluster:
                 disruption=status.get("disruption"),
                 consistent=_condition(status, "Consistent"),
                 sandbox_name=status.get("sandboxName"),
+                resume_from=_resume_from(obj.get("spec")),
             )
         )
     stored = sandbox_storage_version()
@@ -212,7 +219,7 @@ def read_sessions(directory: Path, checkpoint: CheckpointView) -> dict[str, Sess
     readings = {}
     for agent in checkpoint.agents:
         if not layout.session_file(directory / agent.session_dir).exists():
-            readings[agent.agent_id] = SessionReading(None, None, "is missing")
+            readings[agent.agent_id] = SessionReading.missing()
             continue
         try:
             session = load_session(directory / agent.session_dir)

@@ -161,6 +161,7 @@ class Auditor:
         now = datetime.now(UTC)
         activities = {(a.namespace, a.name): a for a in self.ledger.list_activities()}
         refs = {t.checkpoint_ref for t in cluster.tasks if t.checkpoint_ref}
+        refs |= {t.resume_from for t in cluster.tasks if t.resume_from}
         known = self.ledger.existing_refs(refs)
         cutoff = now - timedelta(seconds=self.limits.overdue_slack_secs)
         overdue = self.ledger.overdue_operations(cutoff, limit=OVERDUE_SCAN)

@@ -1219,15 +1219,17 @@ class Ledger:
         with self._sessions.begin() as session:
             return [_activity_view(row) for row in session.scalars(select(DaemonActivity))]
 
-    def existing_refs(self, refs: Collection[str]) -> set[str]:
-        """Those of ``refs`` the ledger holds a checkpoint for (available or not)."""
-        found: set[str] = set()
+    def existing_refs(self, refs: Collection[str]) -> dict[str, str | None]:
+        """Those of ``refs`` the ledger holds a checkpoint for, each with why it is
+        unavailable (None: it is restorable)."""
+        found: dict[str, str | None] = {}
         wanted = sorted(set(refs))
         with self._sessions.begin() as session:
             for chunk in _in_chunks(wanted):
-                found.update(
-                    session.scalars(select(Checkpoint.ref).where(Checkpoint.ref.in_(chunk)))
+                query = select(Checkpoint.ref, Checkpoint.unavailable).where(
+                    Checkpoint.ref.in_(chunk)
                 )
+                found.update((ref, why) for ref, why in session.execute(query))
         return found
 
     def resumed_refs(self, refs: Collection[str]) -> set[str]:

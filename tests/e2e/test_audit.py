@@ -281,9 +281,11 @@ def cmdline(pid: int) -> list[str]:
 
 def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) -> None:
     """Tried: the orchestrator worker stopped (SIGSTOP) with an operation past its
-    deadline, then the operator stopped while a running task's agent is killed: the
-    audit reports OperationOverdue, then StatusDisagrees ("Running, 1 agent live" with
-    none running); both clear once the stopped process runs again."""
+    deadline, then the operator stopped while a running task's agent is killed and a
+    task is created to restore a checkpoint that was released: the audit reports
+    OperationOverdue, then StatusDisagrees ("Running, 1 agent live" with none running)
+    and RestoreStuck (nothing failed the restore); each clears once the stopped process
+    runs again (the operator fails the restore CheckpointWorkspaceGone)."""
     before = keys(stack.audit())
     worker = [p for p in descendants(stack.pid)
               if {"worker", "orchestrator.cli"} <= set(cmdline(p))]  # fmt: skip
@@ -308,27 +310,44 @@ def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) 
     assert ("OperationOverdue", f"operation {overdue.id}") not in keys(stack.audit())
 
     pvc = running(stack, "steady")
+    released = deleted(stack, "released")
+    # Released as a prune releases it: its storage deleted, the ledger told.
+    stack.kubectl("delete", "volumesnapshot", str(released.snapshot))
+    stack.kubectl("delete", "pvc", str(released.pvc_name))
+    stack.ledger.mark_checkpoint_unavailable(released.ref, "released by the audit test")
+    restore = one_agent("restorer")
+    restore["spec"]["resumeFrom"] = {"checkpointRef": released.ref}
     operator = stack.operator_pid()
     assert operator is not None
     os.kill(operator, signal.SIGSTOP)
     try:
+        assert stack.apply(restore).returncode == 0
         agents = [p for p in pod_tree(stack, pvc)
                   if "worker_agent.worker" in " ".join(psutil.Process(p).cmdline())]  # fmt: skip
         assert agents, "steady's agent process"
         for pid in agents:
             os.kill(pid, signal.SIGKILL)
         assert stack.status("default", "steady")["agents"] == 1
+        stopped = {("StatusDisagrees", "calibantask default/steady"),
+                   ("RestoreStuck", "calibantask default/restorer")}  # fmt: skip
         wait_until(
-            lambda: ("StatusDisagrees", "calibantask default/steady") in keys(stack.audit()),
-            60, "the audit to see steady's status disagree with its daemon",
+            lambda: stopped <= keys(stack.audit()),
+            90, "the audit to see steady's status disagree with its daemon and the restore stuck",
         )  # fmt: skip
+        stuck = next(f for f in stack.audit()["findings"] if f["kind"] == "RestoreStuck")
+        assert f"restoring checkpoint {released.ref} (spec.resumeFrom), which is unavailable " \
+            "(released by the audit test)" in stuck["message"], stuck  # fmt: skip
     finally:
         os.kill(operator, signal.SIGCONT)
     wait_until(
-        lambda: ("StatusDisagrees", "calibantask default/steady") not in keys(stack.audit()),
-        120, "the operator to recover steady and the finding to clear",
+        lambda: not stopped & keys(stack.audit()),
+        120, "the operator to recover steady, fail the restore, and the findings to clear",
     )  # fmt: skip
+    assert stack.status("default", "restorer")["phase"] == "Failed"
     # Nothing of this test's own is left reported. (Findings about the previous test's
     # planted objects may age past the audit's grace meanwhile: not this test's subject.)
-    ours = {k for k in keys(stack.audit()) - before if "steady" in k[1] or overdue.id in k[1]}
+    ours = {
+        k for k in keys(stack.audit()) - before
+        if any(mine in k[1] for mine in ("steady", "restorer", released.ref, overdue.id))
+    }  # fmt: skip
     assert ours == set()

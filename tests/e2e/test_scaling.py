@@ -14,14 +14,17 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from orchestrator.ledger import CheckpointReason, CheckpointView
 from tests.e2e.support import DevStack, embedded_stack, task_manifest
 from tests.support import wait_until
 from worker_agent import layout, transcript
+from worker_agent.children import descendants
 from worker_agent.session import load_session
 
 pytestmark = pytest.mark.slow
@@ -203,3 +206,95 @@ def test_a_scale_down_checkpoint_is_snapshotted_when_the_task_is_deleted_at_once
     wait_until(lambda: all(f'"resumed_from":{line}' in log.read_text() for log, line in
                            logs.items()), 60, "both agents to continue at turns + 1")  # fmt: skip
     stack.kubectl("delete", "ctask", back, "-n", "default", timeout=120)
+
+
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+"""SIGTERM's bit in ``/proc/PID/status`` signal masks."""
+
+
+def signal_mask(pid: int, field: str) -> int:
+    """``field`` (``SigCgt``: signals the process catches; ``ShdPnd``: pending) of
+    ``pid``, from ``/proc``."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith(f"{field}:"))
+    return int(line.split()[1], 16)
+
+
+def agent_workers(stack: DevStack, pvc: str) -> dict[int, str]:
+    """The agent worker processes serving ``pvc``, each with its session directory."""
+    found = {}
+    for daemon in stack.daemon_pids(pvc):
+        for pid in descendants(daemon):
+            try:
+                argv = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            if "worker_agent.worker" in argv and "--manifest" in argv:
+                found[pid] = os.path.dirname(argv[argv.index("--manifest") + 1])
+    return found
+
+
+def test_an_agent_paused_before_it_saved_anything_is_left_out_and_the_wake_is_ready(
+    stack: DevStack,
+) -> None:
+    """Scale 1 → 2, and the new agent's worker held (SIGSTOP) before it could catch
+    SIGTERM or save a session; then the task paused (kubectl), and the worker let go once
+    the drain's SIGTERM is pending: it dies of it having saved nothing. The pause's
+    checkpoint holds the agent that worked, verified; the audit (session contents too)
+    finds nothing; the wake resumes it at ``turns + 1`` and starts the second agent
+    anew: Running, Ready, 2 live. (The checkpoint held the fresh agent with 0 turns,
+    unclean, no sha; the wake went ``PartlyResumed`` then ``CrashLoop``, never Ready, and
+    the audit called it ``SessionMismatch``.)"""
+    name = "scaled-fresh"
+    stack.apply(task_manifest(name, agents=1, model="turns=100000,turn_ms=200"))
+    stack.wait_phase("default", name, "Running", timeout=120)
+    pvc = stack.pvc_of(name)
+    stack.wait_turns(pvc, 1, at_least=2)
+    before = agent_workers(stack, pvc)
+    assert len(before) == 1, before
+
+    body = json.dumps({"spec": {"task": {"agents": 2}}})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+
+    def started() -> int | None:
+        new = set(agent_workers(stack, pvc)) - set(before)
+        for pid in new:
+            os.kill(pid, signal.SIGSTOP)
+        return next(iter(new), None)
+
+    fresh = wait_until(started, 60, "the new agent's worker", interval=0.002)
+    try:
+        session_dir = Path(agent_workers(stack, pvc)[fresh])
+        # The premise: held before its SIGTERM handler was in place, no session saved.
+        assert not signal_mask(fresh, "SigCgt") & SIGTERM_BIT, "held too late: it catches it"
+        assert not layout.session_file(session_dir).exists()
+
+        body = json.dumps({"spec": {"lifecycle": {"suspend": True}}})
+        stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+        wait_until(lambda: signal_mask(fresh, "ShdPnd") & SIGTERM_BIT, 120,
+                   "the drain's SIGTERM to the held worker", interval=0.05)  # fmt: skip
+    finally:
+        os.kill(fresh, signal.SIGCONT)
+    stack.wait_phase("default", name, "Suspended", timeout=120)
+    assert not layout.session_file(session_dir).exists(), "it died having saved nothing"
+
+    checkpoint = stack.ledger.latest_checkpoint("default", name)
+    assert checkpoint is not None and checkpoint.reason is CheckpointReason.PAUSE
+    [worked] = checkpoint.agents
+    assert os.path.basename(session_dir) != os.path.basename(worked.session_dir)
+    assert worked.clean and worked.session_sha256 and checkpoint.verified, checkpoint
+    assert stack.status("default", name)["checkpointAgents"] == 1
+    assert stack.audit_findings() == []
+
+    body = json.dumps({"spec": {"lifecycle": {"suspend": False}}})
+    stack.kubectl("patch", "ctask", name, "-n", "default", "--type=merge", "-p", body)
+    stack.wait_phase("default", name, "Running", timeout=120)
+    wait_until(lambda: stack.status("default", name).get("agents") == 2, 120, "2 agents live")
+    conditions = stack.status("default", name).get("conditions") or []
+    ready = next(c for c in conditions if c["type"] == "Ready")
+    assert ready["status"] == "True", ready
+    log = layout.transcript_file(stack.volume("default", pvc) / worked.session_dir)
+    wait_until(lambda: f'"resumed_from":{worked.turns + 1}' in log.read_text(), 60,
+               "the agent that worked to continue at turns + 1")  # fmt: skip
+    stack.wait_turns(pvc, 2, at_least=1)
+    stack.kubectl("delete", "ctask", name, "-n", "default", timeout=120)

@@ -224,16 +224,18 @@ def test_list_activities_is_each_daemons_newest_heartbeat(ledger: Ledger) -> Non
 # ------------------------------------------------------------------- refs
 
 
-def test_existing_refs_are_those_the_ledger_holds_available_or_not(ledger: Ledger) -> None:
+def test_existing_refs_are_those_the_ledger_holds_with_why_one_is_unavailable(
+    ledger: Ledger,
+) -> None:
     """Tried: two checkpoints (one unavailable) asked for among unknown refs; and an empty
     question."""
     kept = drained(ledger, "k1", name="t1")
     gone = drained(ledger, "k2", name="t2")
     ledger.mark_checkpoint_unavailable(gone.ref, "gone")
     asked = [kept.ref, gone.ref, "ckpt-nope", kept.ref]
-    assert ledger.existing_refs(asked) == {kept.ref, gone.ref}
-    assert ledger.existing_refs(set()) == set()
-    assert ledger.existing_refs(["ckpt-nope"]) == set()
+    assert ledger.existing_refs(asked) == {kept.ref: None, gone.ref: "gone"}
+    assert ledger.existing_refs(set()) == {}
+    assert ledger.existing_refs(["ckpt-nope"]) == {}
 
 
 def test_existing_refs_beyond_one_batch(ledger: Ledger) -> None:
@@ -242,7 +244,7 @@ def test_existing_refs_beyond_one_batch(ledger: Ledger) -> None:
     first = drained(ledger, "k1", name="t1")
     last = drained(ledger, "k2", name="t2")
     fake = [f"ckpt-{i:08d}" for i in range(IN_LIST_MAX * 5 // 2)]
-    assert ledger.existing_refs([*fake, first.ref, last.ref]) == {first.ref, last.ref}
+    assert ledger.existing_refs([*fake, first.ref, last.ref]) == {first.ref: None, last.ref: None}
 
 
 def test_resumed_refs_are_the_ones_a_resume_or_restore_named(ledger: Ledger) -> None:

@@ -191,10 +191,12 @@ def tasks_found(
     activities: tuple[ActivityView, ...] = (),
     sandboxes: tuple[SandboxState, ...] = (),
     pods: tuple[PodState, ...] = (),
-    known: set[str] | None = None,
+    known: set[str] | dict[str, str | None] | None = None,
 ) -> list[Finding]:
+    """``known``: the refs the ledger holds (a set: all restorable)."""
     cluster = Cluster(tasks=list(tasks), sandboxes=list(sandboxes), pods=list(pods))
-    return check_tasks(cluster, by_task(*activities), known or set(), NOW, LIMITS)
+    refs = known if isinstance(known, dict) else dict.fromkeys(known or (), None)
+    return check_tasks(cluster, by_task(*activities), refs, NOW, LIMITS)
 
 
 # ---------------------------------------------------------------------- thresholds
@@ -258,6 +260,92 @@ def test_deleting_task_is_skipped_but_for_its_checkpoint_ref() -> None:
                        ) == []  # fmt: skip
     suspended = task(deleting=True, phase=Phase.SUSPENDED.value)
     assert tasks_found(suspended, sandboxes=(sandbox(),), pods=(pod("task-a-0"),)) == []
+
+
+# ------------------------------------------------------------ tasks: RestoreStuck
+
+RELEASED: dict[str, str | None] = {"ckpt-from": "released by drainctl ledger prune"}
+
+
+def restoring(**overrides: Any) -> TaskState:
+    """A task restoring checkpoint ckpt-from, Pending for 120 s (past 25 s to settle)."""
+    fields: dict[str, Any] = {
+        "phase": Phase.PENDING.value, "phase_since": ago(120), "agents": 0,
+        "pvc_name": None, "resume_from": "ckpt-from",
+    }  # fmt: skip
+    fields.update(overrides)
+    return task(**fields)
+
+
+def test_a_restore_of_a_released_checkpoint_left_waiting_is_found() -> None:
+    """Tried: a task Pending 120 s on a restore whose checkpoint a prune released (the
+    operator fails such a restore at its next pass: it is not acting on the task)."""
+    assert tasks_found(restoring(), known=RELEASED) == [
+        Finding(
+            FindingKind.RESTORE_STUCK, "calibantask default/task-a",
+            "phase Pending for 120s, restoring checkpoint ckpt-from (spec.resumeFrom), which "
+            "is unavailable (released by drainctl ledger prune): the restore can only fail, "
+            "and the task was not failed; is the operator running?",
+            NS, "task-a",
+        )
+    ]  # fmt: skip
+
+
+def test_a_restore_of_a_checkpoint_the_ledger_lacks_is_found_even_before_a_phase() -> None:
+    """Tried: a task created 120 s ago that has no phase yet (no pass has run), naming a
+    ref the ledger does not hold."""
+    stuck = restoring(phase=None, phase_since=None, created_at=ago(120))
+    [found] = tasks_found(stuck, known={"ckpt-other"})
+    assert found.kind is FindingKind.RESTORE_STUCK
+    assert found.message.startswith(
+        "phase none for 120s, restoring checkpoint ckpt-from (spec.resumeFrom), which is "
+        "not in the ledger:"
+    )
+
+
+def test_a_restore_whose_checkpoint_was_released_under_it_is_found() -> None:
+    """Tried: the race the prune/restore exclusion closes: Resuming from the restore's
+    checkpoint (``checkpointRef`` is the ``resumeFrom``), which was released meanwhile;
+    its heartbeat is fresh, so only the restore is wrong."""
+    stuck = restoring(phase=Phase.RESUMING.value, checkpoint_ref="ckpt-from",
+                      pvc_name="task-a-restored")  # fmt: skip
+    found = tasks_found(stuck, activities=(heartbeat(age=5),), known=RELEASED)
+    assert kinds(found) == [FindingKind.RESTORE_STUCK]
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param({"phase_since": ago(20)}, id="pending-20s-not-settled"),
+        pytest.param({"phase": Phase.RUNNING.value, "agents": 2}, id="running-restored"),
+        pytest.param({"phase": Phase.FAILED.value}, id="failed-said-so"),
+        pytest.param(
+            {"phase": Phase.SUSPENDED.value, "checkpoint_ref": "ckpt-own"},
+            id="suspended-on-its-own-checkpoint",
+        ),
+        pytest.param(
+            {"phase": Phase.RESUMING.value, "checkpoint_ref": "ckpt-own"},
+            id="waking-from-its-own-checkpoint",
+        ),
+        pytest.param({"deleting": True}, id="deleting"),
+        pytest.param({"resume_from": None}, id="no-restore"),
+    ],
+)
+def test_no_restore_stuck_where_the_restore_is_over_settling_or_not_asked(
+    state: dict[str, Any],
+) -> None:
+    """Tried: the released checkpoint named by tasks that are not restoring it (restored
+    and Running, Failed, paused and woken on their own checkpoint, being deleted), one
+    Pending only 20 s, and a task with no ``resumeFrom``."""
+    found = tasks_found(restoring(**state), activities=(heartbeat(age=5),),
+                        known={**RELEASED, "ckpt-own": None})  # fmt: skip
+    assert FindingKind.RESTORE_STUCK not in kinds(found)
+
+
+def test_a_restore_of_a_restorable_checkpoint_waiting_is_not_stuck() -> None:
+    """Tried: Pending 120 s on a restorable checkpoint (a snapshot still being cut, or a
+    prune's mark: ``ReleaseStalled`` says when that lasts)."""
+    assert tasks_found(restoring(), known={"ckpt-from": None}) == []
 
 
 # -------------------------------------------------------------- tasks: DaemonSilent
@@ -959,6 +1047,18 @@ def test_session_recorded_without_sha_compares_as_none() -> None:
         "(sha256 None)"
     ]
     assert check_sessions(ckpt, "here", {"a1": SessionReading(0, None)}) == []
+
+
+def test_no_session_where_the_ledger_recorded_none_is_no_mismatch() -> None:
+    """Tried: an agent recorded with 0 turns and no sha256 (drained before it saved
+    anything, as checkpoints taken before such agents were left out hold them) whose
+    session file is missing: nothing was recorded, nothing is lost. The same missing file
+    for an agent recorded with turns is a mismatch."""
+    never = checkpoint(agents=(agent("a1", turns=0, sha=None), agent("a2")))
+    readings = {"a1": SessionReading.missing(), "a2": SessionReading(3, SHA_A)}
+    assert check_sessions(never, "VolumeSnapshot snap-1", readings) == []
+    lost = check_sessions(never, "here", {"a2": SessionReading.missing()})
+    assert [f.message for f in lost] == ["agent a2's session in here is missing"]
 
 
 def test_unreadable_session_is_a_mismatch_saying_why() -> None:
