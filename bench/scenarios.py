@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from bench import (
     audit_cost,
+    burst,
     delete,
     drain,
     fanout,
@@ -39,6 +40,7 @@ SCENARIOS = (
     "ledger",
     "fleet",
     "fanout",
+    "burst",
 )
 
 
@@ -46,8 +48,8 @@ QUICK_JOBS = 4
 """Quick scenarios side by side: most of a quick run is waiting (stacks starting, a
 fleet at rest), so four finish in about half the time of one after another."""
 LONGEST_FIRST = (
-    "fleet", "pipeline", "recovery", "wake", "delete", "audit", "fanout", "resume", "drain",
-    "ledger",
+    "fleet", "pipeline", "recovery", "burst", "wake", "delete", "audit", "fanout", "resume",
+    "drain", "ledger",
 )  # fmt: skip
 """The order side-by-side scenarios start in: their quick durations on a 2-core machine,
 longest first, so the last to start are short ones."""
@@ -101,4 +103,6 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return audit_cost.run(args.quick, root, args.audit_database_url, args.audit_fleet)
         if name == "fanout":
             return fanout.run(args.quick, root, args.redis_port)
+        if name == "burst":
+            return burst.run(args.quick, root)
         return delete.run(args.quick, root, args.redis_port)

@@ -170,6 +170,12 @@ async def while_suspended(p: TaskPass, spec: TaskSpec) -> None:
                 return  # its old pod still going: the next pass makes it
     if ref:
         await p.start_resume(ref, operation_key(p.uid, Purpose.RESUME, ref))
+        resumed = await ledger_call(p.ledger.get_checkpoint, ref)
+        if resumed is not None:
+            # The agents follow what the wake brings back: a spec count the checkpoint
+            # holds fewer of (an agent a pause drained before it saved anything is left
+            # out of it) grows back with new agents once Running, as a scale-up.
+            p.set_status(applied_agents=len(resumed.agents))
     if rolling_pod:
         rolling.rolled(p, ref)
     p.set_status(paused_by=None, last_wake=wake)

@@ -34,6 +34,7 @@ from orchestrator.operator.lifecycle import (
     RecoveryHistory,
     TaskSpec,
     admit_spec,
+    as_stored,
     availability,
     condition,
     merge_conditions,
@@ -160,7 +161,7 @@ class TaskPass:
         if not changed:
             return
         self.patch.status.update(changed)
-        self._stored.update(changed)
+        self._stored.update(as_stored(changed))
         self.status = TaskStatus.read(self._stored)
 
     def set_phase(self, phase: Phase, message: str) -> None:

@@ -680,6 +680,26 @@ def test_status_patch_carries_only_differences() -> None:
     assert status_patch(current, dict(current)) == {}
 
 
+def test_status_patch_removes_what_a_new_object_value_no_longer_has() -> None:
+    """Tried: ``lastOperation`` of a finished pause replaced by a resume on its way (no
+    ``finishedAt``, no ``error``). A merge patch merges objects, so the stale keys are
+    sent as null; applied as the API applies it (RFC 7386), the stored status is the new
+    value, and the next pass finds nothing to write. (The stale ``finishedAt`` stayed,
+    every pass wrote the field again, and a steward waiting on the resume looped: 232
+    writes in 2.7 s on one wake.)"""
+    from orchestrator.devcluster.patching import merge_patch
+
+    finished = {"id": "op-pause", "kind": "pause", "state": "recorded",
+                "startedAt": "t0", "finishedAt": "t1", "error": "late"}  # fmt: skip
+    resuming = {"id": "op-resume", "kind": "resume", "state": "dispatched", "startedAt": "t2"}
+    current = {"phase": "Resuming", "lastOperation": finished}
+    patch = status_patch(current, {"lastOperation": resuming})
+    assert patch == {"lastOperation": {**resuming, "finishedAt": None, "error": None}}
+    stored = merge_patch(current, patch)
+    assert stored["lastOperation"] == resuming
+    assert status_patch(stored, {"lastOperation": resuming}) == {}
+
+
 # ---------------------------------------------------------------------- disruptions
 
 INTERVAL = 15.0  # the default heartbeat interval

@@ -55,6 +55,7 @@ from orchestrator.operator.lifecycle.completion import (
 from orchestrator.operator.lifecycle.conditions import (
     Condition,
     ConditionChange,
+    as_stored,
     condition,
     merge_conditions,
     parse_time,
@@ -160,6 +161,7 @@ __all__ = [
     "Wanted",
     "admit_spec",
     "adopts_drain",
+    "as_stored",
     "availability",
     "choose_snapshot_class",
     "completed_request",

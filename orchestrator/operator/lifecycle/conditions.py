@@ -83,5 +83,26 @@ def merge_conditions(existing: list[Condition], new: Condition) -> list[Conditio
 
 
 def status_patch(current: Manifest, desired: Manifest) -> Manifest:
-    """Only the status fields that differ (no-op churn avoidance)."""
-    return {k: v for k, v in desired.items() if current.get(k) != v}
+    """Only the status fields that differ (no-op churn avoidance). A merge patch merges
+    an object into the one stored, so an object's keys the new value no longer has are
+    sent as null (removed): otherwise they stay, and the field differs at every pass."""
+    changed: Manifest = {}
+    for key, value in desired.items():
+        was = current.get(key)
+        if was == value:
+            continue
+        if isinstance(value, dict) and isinstance(was, dict):
+            value = {**dict.fromkeys(was.keys() - value.keys()), **value}
+        changed[key] = value
+    return changed
+
+
+def as_stored(patch: Manifest) -> Manifest:
+    """``patch``'s fields as the API stores them once merged: an object's null keys gone
+    (a null field itself is kept: it reads as unset)."""
+    return {
+        k: {sub: v for sub, v in value.items() if v is not None}
+        if isinstance(value, dict)
+        else value
+        for k, value in patch.items()
+    }
