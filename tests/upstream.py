@@ -23,6 +23,8 @@ AGENT_SANDBOX = UPSTREAM / "agent-sandbox"
 CALIBANTASK_CRD = CALIBAN_OPERATOR / "deploy" / "crd" / "calibantask.yaml"
 WORKSPACE_CRD = CALIBAN_OPERATOR / "deploy" / "crd" / "workspace.yaml"
 SAMPLES = CALIBAN_OPERATOR / "deploy" / "samples"
+NAMES_SOURCE = CALIBAN_OPERATOR / "src" / "config.rs"
+"""caliban-operator's source of its children's names (``sandbox_name``), as text."""
 SANDBOX_CRD = AGENT_SANDBOX / "k8s" / "crds" / "agents.x-k8s.io_sandboxes.yaml"
 
 LOCAL_HOST = "127.0.0.1"

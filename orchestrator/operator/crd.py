@@ -117,7 +117,8 @@ is at most 63 characters, so the CRD refuses longer names."""
 
 
 def upstream_sandbox_name(task: str) -> str:
-    """``<task>-sbx``: how caliban-operator names the Sandbox it makes for a task."""
+    """``<task>-sbx``: how caliban-operator names the Sandbox it makes for a task (its
+    ``sandbox_name``; checked against its source in tests/unit/test_upstream_compat.py)."""
     return f"{task}{SANDBOX_SUFFIX}"
 
 

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from orchestrator.devcluster import schema as structural
+from orchestrator.operator import crd
 from orchestrator.operator.lifecycle import MAX_PROMPT_BYTES, SpecError, parse_spec
 from tests import upstream
 from tests.unit.test_crd_schema import CRD_PATH, errors, load_yaml, openapi_schema
@@ -198,8 +199,32 @@ def test_every_upstream_file_is_named_in_the_readme() -> None:
         for p in upstream.UPSTREAM.rglob("*")
         if p.is_file() and p.name != "README.md"
     )
-    assert len(files) == 7
+    assert len(files) == 8
     assert [f for f in files if f"`{f}`" not in readme] == []
+
+
+def test_a_task_s_sandbox_is_named_as_caliban_operator_names_it() -> None:
+    """Tried: upstream's own rule, read from its source (``sandbox_name`` formats the
+    task's name with a suffix), and its own test's example task and Sandbox name:
+    ``crd.upstream_sandbox_name`` (what a task given upstream's Sandbox looks for) and
+    ``crd.sandbox_name`` (what the operator makes) agree with both."""
+    source = upstream.NAMES_SOURCE.read_text()
+    rule = re.search(
+        r"pub fn sandbox_name\(t: &CalibanTask\) -> String \{\s*"
+        r'format!\("\{\}(?P<suffix>[^"{}]*)", t\.name_any\(\)\)',
+        source,
+    )
+    assert rule is not None, "upstream's sandbox_name is no longer the task's name + a suffix"
+    task = re.search(r'CalibanTask::new\(\s*"(?P<name>[^"]+)"', source)
+    example = re.search(r'assert_eq!\(sandbox_name\(&t\), "(?P<name>[^"]+)"\);', source)
+    assert task is not None and example is not None, "upstream's names test is gone"
+    assert (task["name"], rule["suffix"], example["name"]) == (
+        "refactor-auth", "-sbx", "refactor-auth-sbx"
+    )  # fmt: skip
+    for name in (task["name"], "a", "x" * 59):
+        assert crd.upstream_sandbox_name(name) == name + rule["suffix"]
+        assert crd.sandbox_name(name) == name + rule["suffix"]
+    assert crd.upstream_sandbox_name(task["name"]) == example["name"]
 
 
 _IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
