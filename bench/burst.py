@@ -151,7 +151,9 @@ def start(fleet: Fleet, names: list[str]) -> None:
     wait_until(functools.partial(fleet.working, names), 900, f"{len(names)} tasks working", 0.5)
 
 
-def run(quick: bool, root: Path) -> Scenario:
+def run(quick: bool, root: Path, broker: str | None = None) -> Scenario:
+    """``broker``: a Redis URL for the stack (its broker and result backend), else the
+    embedded one."""
     steady_n, created_n, deleted_n = (
         (QUICK_STEADY, QUICK_CREATED, QUICK_DELETED) if quick else (STEADY, CREATED, DELETED)
     )
@@ -159,7 +161,8 @@ def run(quick: bool, root: Path) -> Scenario:
     steady = [f"steady-{i:02d}" for i in range(steady_n)]
     doomed = [f"doomed-{i:02d}" for i in range(deleted_n)]
     new = [f"new-{i:02d}" for i in range(created_n)]
-    stack = DevStackProcess(root)  # the embedded defaults: no DRAIN_* given
+    env = None if broker is None else {"DRAIN_BROKER_URL": broker, "DRAIN_RESULT_BACKEND": broker}
+    stack = DevStackProcess(root, env=env)  # otherwise the embedded defaults
     stack.start(120)
     ledger = Ledger.from_url(f"sqlite:///{stack.state / 'ledger.db'}")
     sampler: Sampler | None = None

@@ -290,6 +290,10 @@ def worker_cmd(
         pool="threads",
         loglevel=level,
         concurrency=concurrency,
+        # No gossip (every daemon's worker-heartbeat event, a few a second per task, read
+        # for nothing) and no mingle at start: nothing here is coordinated between workers.
+        without_gossip=True,
+        without_mingle=True,
     )
     sys.exit(code)
 

@@ -48,9 +48,22 @@ def wait_serving(port: int, within: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+PUSH_POLL_SECS = 0.05
+"""How often each connection's thread looks for a reply pushed to it from elsewhere (a
+pub/sub message). fakeredis looks every 10 ms, for every connection, idle or not: 150
+idle connections cost 59 % of a core, 16 % at 50 ms, and a dev stack of 45 tasks holds
+about 200 (each daemon's consumer, publisher and result backend). On 2 cores that
+polling starved the whole stack: under a burst of 17 creates and 16 deletes, healthy
+tasks' heartbeats expired in the queue and all 12 went DaemonSilent (``bench/burst.py``).
+A command's own reply, a blocking pop woken by a push included, still goes out at once;
+only pub/sub messages wait up to this long."""
+
+
 def serve(port: int) -> None:
+    import fakeredis._clients._tcp_server as tcp_server
     from fakeredis import TcpFakeServer
 
+    tcp_server._POLL_INTERVAL = PUSH_POLL_SECS  # the handler reads it at every turn
     server = TcpFakeServer((HOST, port), server_type="redis")
     server.daemon_threads = True  # a connection's thread never holds the exit
     server.serve_forever()

@@ -435,6 +435,13 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA foreign_keys = ON")
+        # Write-ahead logging: a commit is one append and one fsync of the log (the
+        # rollback journal took three or four, ~17 ms a heartbeat), and readers in
+        # other processes (the operator, drainctl) never wait for a writer. Still fully
+        # synchronous: a committed checkpoint survives a power loss. (A database in
+        # memory keeps its own journal: the pragma answers "memory" and changes nothing.)
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = FULL")
     finally:
         cursor.close()
 

@@ -331,6 +331,12 @@ def record_resume(self: Task[Any, Any], /, resume_result: object, **kwargs: obje
     name=ACTIVITY,
     bind=False,
     base=LedgerTask,
+    # A heartbeat is most of the worker's messages and its record is the ledger's row:
+    # no result stored (each one was kept a week, two writes to the backend), no task
+    # events (three more publishes). Under a burst on 2 cores that overhead let the
+    # heartbeats fall a minute behind, expire, and healthy daemons look silent.
+    ignore_result=True,
+    send_events=False,
 )
 def activity(**kwargs: object) -> None:
     """Keep the latest heartbeat per daemon (an older one never overwrites a newer),

@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 import pytest
+import sqlalchemy as sa
 
 from orchestrator.ledger import CheckpointReason, CheckpointView, OperationKind
 from orchestrator.operator.crd import sandbox_name
@@ -281,11 +282,13 @@ def cmdline(pid: int) -> list[str]:
 
 def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) -> None:
     """Tried: the orchestrator worker stopped (SIGSTOP) with an operation past its
-    deadline, then the operator stopped while a running task's agent is killed and a
-    task is created to restore a checkpoint that was released: the audit reports
-    OperationOverdue, then StatusDisagrees ("Running, 1 agent live" with none running)
-    and RestoreStuck (nothing failed the restore); each clears once the stopped process
-    runs again (the operator fails the restore CheckpointWorkspaceGone)."""
+    deadline, then the operator stopped while a running task's agent is killed, a task
+    is created to restore a checkpoint that was released, and a checkpoint's snapshot is
+    left asked for an hour ago and never cut: the audit reports OperationOverdue, then
+    StatusDisagrees ("Running, 1 agent live" with none running), RestoreStuck (nothing
+    failed the restore) and SnapshotOverdue; each clears once the stopped process runs
+    again (the operator fails the restore CheckpointWorkspaceGone and records the
+    snapshot failed)."""
     before = keys(stack.audit())
     worker = [p for p in descendants(stack.pid)
               if {"worker", "orchestrator.cli"} <= set(cmdline(p))]  # fmt: skip
@@ -317,11 +320,21 @@ def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) 
     stack.ledger.mark_checkpoint_unavailable(released.ref, "released by the audit test")
     restore = one_agent("restorer")
     restore["spec"]["resumeFrom"] = {"checkpointRef": released.ref}
+    unsnapped = deleted(stack, "unsnapped")
     operator = stack.operator_pid()
     assert operator is not None
     os.kill(operator, signal.SIGSTOP)
     try:
         assert stack.apply(restore).returncode == 0
+        # A snapshot asked for an hour ago that the snapshotter never cut, with no
+        # operator to record it failed: the ledger says it is on its way.
+        stack.kubectl("delete", "volumesnapshot", str(unsnapped.snapshot))
+        with sa.create_engine(stack.database_url).begin() as db:
+            db.execute(
+                sa.text("UPDATE checkpoints SET snapshot_cut_at = NULL, snapshot_ready_at = "
+                        "NULL, created_at = :then WHERE ref = :ref"),
+                {"then": datetime.now(UTC) - timedelta(hours=1), "ref": unsnapped.ref},
+            )  # fmt: skip
         agents = [p for p in pod_tree(stack, pvc)
                   if "worker_agent.worker" in " ".join(psutil.Process(p).cmdline())]  # fmt: skip
         assert agents, "steady's agent process"
@@ -329,7 +342,8 @@ def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) 
             os.kill(pid, signal.SIGKILL)
         assert stack.status("default", "steady")["agents"] == 1
         stopped = {("StatusDisagrees", "calibantask default/steady"),
-                   ("RestoreStuck", "calibantask default/restorer")}  # fmt: skip
+                   ("RestoreStuck", "calibantask default/restorer"),
+                   ("SnapshotOverdue", f"checkpoint {unsnapped.ref}")}  # fmt: skip
         wait_until(
             lambda: stopped <= keys(stack.audit()),
             90, "the audit to see steady's status disagree with its daemon and the restore stuck",
@@ -344,10 +358,13 @@ def test_a_stopped_sweeper_and_a_stopped_operator_are_reported(stack: DevStack) 
         120, "the operator to recover steady, fail the restore, and the findings to clear",
     )  # fmt: skip
     assert stack.status("default", "restorer")["phase"] == "Failed"
+    settled = stack.ledger.get_checkpoint(unsnapped.ref)
+    assert settled is not None and settled.snapshot_error is not None, settled
     # Nothing of this test's own is left reported. (Findings about the previous test's
     # planted objects may age past the audit's grace meanwhile: not this test's subject.)
     ours = {
         k for k in keys(stack.audit()) - before
-        if any(mine in k[1] for mine in ("steady", "restorer", released.ref, overdue.id))
+        if any(mine in k[1] for mine in ("steady", "restorer", released.ref, unsnapped.ref,
+                                         overdue.id))
     }  # fmt: skip
     assert ours == set()

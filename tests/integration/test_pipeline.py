@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from tests.pipeline_support import (
 )
 from tests.support import DaemonProcess, wait_until
 from worker_agent import layout, transcript
-from worker_agent.contract import TaskNameError
+from worker_agent.contract import ACTIVITY, TaskNameError
 from worker_agent.session import count_completed_turns, load_session
 
 
@@ -125,6 +126,15 @@ def test_heartbeats_report_all_idle_since(stack: Stack) -> None:
     activity = stack.ledger.get_activity("team-a", "idle-task")
     assert activity is not None
     assert (activity.agents_total, activity.agents_live) == (2, 2)
+    # The ledger's row is a heartbeat's record: nothing of it in the result backend
+    # (each one was kept there a week, as its STARTED and SUCCESS states).
+    results = redis.Redis.from_url(stack.env["DRAIN_RESULT_BACKEND"])
+    try:
+        stored = [json.loads(results.get(key) or b"{}").get("name")
+                  for key in results.scan_iter("celery-task-meta-*")]  # fmt: skip
+    finally:
+        results.close()
+    assert ACTIVITY not in stored, f"{stored.count(ACTIVITY)} heartbeat results stored"
 
 
 def test_resume_of_an_unknown_checkpoint_is_a_recorded_failure(stack: Stack) -> None:
