@@ -1,0 +1,760 @@
+"""Lifecycle chaos: random sequences of user actions and faults on ``drainctl dev up``,
+judged after every step by the turns on disk, the ledger and the audit.
+
+``python -m orchestrator.testing.chaos --seed S --sequences N --steps M [--json]``
+
+The seed decides everything: the stack (with or without snapshots, the embedded broker
+or Redis, a SQLite or a PostgreSQL ledger), and for each sequence, on a fresh stack, up
+to ``MAX_TASKS`` tasks driven through ``M`` steps, each a user action (create, created
+suspended, delete, suspend and resume through the spec, ``drainctl pause`` and ``wake``,
+a scale) or a fault (SIGKILL or SIGSTOP/SIGCONT of the operator or the orchestrator
+worker, SIGKILL of a task's daemon or of one of its agents). Every setting is the
+default.
+
+After each step, once the stack has had ``settle_secs`` (derived from the settings) to
+converge, the oracle:
+
+- every completed turn on disk exactly once: each agent's transcript announces each turn
+  once (a turn announced again is a duplicate), and a resume never goes back past a turn
+  it had announced (the turns between are lost); each session's prompts are turns 1..n;
+- exactly one checkpoint per drain (``Ledger.drain_record_problems``);
+- every task in the phase its spec asks for (``Running`` with its agents live, or
+  ``Suspended``), every deleted task gone: what is not, within the bound, is wedged;
+- ``drainctl audit`` clean; no process left serving a deleted task's workspace.
+
+A failing sequence is shrunk: steps are dropped, one at a time, while the shorter
+sequence (replayed on a fresh stack) still fails the same way, within ``SHRINK_REPLAYS``
+replays. ``--json`` prints the figures the issue names (``seed``, ``sequences``,
+``steps``, ``faults``, ``lost_turns``, ``duplicate_checkpoints``, ``wedged``,
+``audit_findings``) and each failure's shortest sequence. Exit 0: nothing found; 1: a
+finding; 2: bad arguments (one line); 130: interrupted. Whatever it started is stopped
+on every way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from orchestrator.operator.crd import GROUP, VERSION
+from orchestrator.operator.lifecycle.availability import HEARTBEATS_MISSED_BEFORE_SILENT
+from orchestrator.settings import Settings
+from orchestrator.testing import (
+    DevStackProcess,
+    ServerUnavailable,
+    flushed_redis,
+    fresh_ledger,
+)
+from worker_agent import layout, transcript
+from worker_agent.children import descendants
+from worker_agent.session import SessionError, load_session, message_text
+from worker_agent.testing import DRAINCTL
+
+NAMESPACE = "default"
+MAX_TASKS = 5
+MODEL = "turns=100000,turn_ms=300"
+"""Each agent works a turn every 0.3 s for as long as the sequence lasts."""
+REDIS_PORT = 6379
+REDIS_DB = 15
+POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+CHAOS_DATABASE = "caliban_chaos"
+SHRINK_REPLAYS = 6
+STOP_SECS = (2, 20)
+"""How long a SIGSTOPped process stays stopped (seconds, drawn in this range)."""
+
+USER_ACTIONS = ("create", "create-suspended", "delete", "suspend", "resume", "pause", "wake",
+                "scale")  # fmt: skip
+FAULTS = ("kill-operator", "stop-operator", "kill-worker", "stop-worker", "kill-daemon",
+          "kill-agent")  # fmt: skip
+
+
+def quiet_secs(settings: Settings) -> float:
+    """How long the end of a sequence waits before its last judgement: long enough for a
+    daemon killed by its last step to be called silent and brought back (a step is
+    judged as soon as the stack looks right, which a fault may not have shown yet)."""
+    return (HEARTBEATS_MISSED_BEFORE_SILENT + 1) * settings.heartbeat_interval_secs
+
+
+def settle_secs(settings: Settings) -> float:
+    """How long the stack may take to converge after a step: a daemon is called silent
+    after ``HEARTBEATS_MISSED_BEFORE_SILENT`` intervals, a drain takes up to its grace,
+    a stopped process up to ``STOP_SECS``, and the operator's passes and a pod's start
+    are allowed a minute more."""
+    silent = HEARTBEATS_MISSED_BEFORE_SILENT * settings.heartbeat_interval_secs
+    return silent + settings.default_grace_secs + STOP_SECS[1] + 60.0
+
+
+# ----------------------------------------------------------------------- choices
+
+
+@dataclass(frozen=True)
+class StackChoice:
+    snapshots: bool
+    broker: str
+    """``embedded`` or ``redis``."""
+    ledger: str
+    """``sqlite`` or ``postgresql``."""
+
+    @classmethod
+    def of_seed(cls, seed: int) -> StackChoice:
+        rng = random.Random(f"stack-{seed}")
+        return cls(
+            snapshots=rng.random() < 0.5,
+            broker=rng.choice(("embedded", "redis")),
+            ledger=rng.choice(("sqlite", "postgresql")),
+        )
+
+    def line(self) -> str:
+        snaps = "snapshots" if self.snapshots else "no snapshots"
+        return f"{snaps}, {self.broker} broker, {self.ledger} ledger"
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: str
+    task: str | None = None
+    value: int | None = None
+    """A scale's agent count; a stop's seconds."""
+
+    def line(self) -> str:
+        parts = [self.kind, self.task or "", "" if self.value is None else str(self.value)]
+        return " ".join(p for p in parts if p)
+
+    @property
+    def fault(self) -> bool:
+        return self.kind in FAULTS
+
+
+@dataclass
+class TaskModel:
+    agents: int
+    suspended: bool
+    started: bool
+    """Whether it ever ran (a task created suspended has no checkpoint to wake from)."""
+
+
+@dataclass
+class Model:
+    """What the user asked of each task, so far: the oracle's expectations."""
+
+    tasks: dict[str, TaskModel] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    created: int = 0
+
+    def choose(self, rng: random.Random) -> Move:
+        """A move valid now, user actions three times as likely as faults."""
+        names = sorted(self.tasks)
+        running = [n for n in names if not self.tasks[n].suspended]
+        suspended = [n for n in names if self.tasks[n].suspended]
+        options: list[Move] = []
+        if len(names) < MAX_TASKS:
+            name = f"t{self.created}"
+            options += [Move("create", name, rng.randint(1, 3)),
+                        Move("create-suspended", name, rng.randint(1, 3))]  # fmt: skip
+        for name in names:
+            options.append(Move("delete", name))
+        for name in running:
+            options += [Move("suspend", name), Move("pause", name),
+                        Move("scale", name, rng.randint(1, 3))]  # fmt: skip
+        for name in suspended:
+            options += [Move("resume", name), Move("wake", name)]
+        faults = [Move("kill-operator"), Move("kill-worker"),
+                  Move("stop-operator", None, rng.randint(*STOP_SECS)),
+                  Move("stop-worker", None, rng.randint(*STOP_SECS))]  # fmt: skip
+        for name in running:
+            faults += [Move("kill-daemon", name), Move("kill-agent", name)]
+        if options and (not faults or rng.random() < 0.75):
+            return rng.choice(options)
+        return rng.choice(faults)
+
+    def apply(self, move: Move) -> None:
+        task = self.tasks.get(move.task or "")
+        if move.kind in ("create", "create-suspended"):
+            assert move.task is not None and move.value is not None
+            suspended = move.kind == "create-suspended"
+            self.tasks[move.task] = TaskModel(move.value, suspended, started=not suspended)
+            self.created += 1
+        elif move.kind == "delete" and task is not None:
+            del self.tasks[str(move.task)]
+            self.deleted.append(str(move.task))
+        elif move.kind in ("suspend", "pause") and task is not None:
+            task.suspended = True
+        elif move.kind in ("resume", "wake") and task is not None:
+            task.suspended, task.started = False, True
+        elif move.kind == "scale" and task is not None and move.value is not None:
+            task.agents = move.value
+
+
+def plan(seed: int, sequence: int, steps: int) -> list[Move]:
+    """The moves of sequence ``sequence`` of ``seed``: the same for the same three."""
+    rng = random.Random(f"moves-{seed}-{sequence}")
+    model = Model()
+    moves = []
+    for _ in range(steps):
+        move = model.choose(rng)
+        model.apply(move)
+        moves.append(move)
+    return moves
+
+
+def replayable(moves: Sequence[Move]) -> list[Move]:
+    """``moves`` without those that make no sense once others were dropped (a move on a
+    task not created, or already deleted)."""
+    model = Model()
+    kept = []
+    for move in moves:
+        exists = move.task in model.tasks
+        if move.kind in ("create", "create-suspended"):
+            if exists or move.task in model.deleted:
+                continue
+        elif move.task is not None and not exists:
+            continue
+        model.apply(move)
+        kept.append(move)
+    return kept
+
+
+# ------------------------------------------------------------------------ oracle
+
+
+@dataclass
+class TurnCount:
+    lost: int = 0
+    duplicated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def transcript_turns(path: Path) -> TurnCount:
+    """Turn accounting of one agent's transcript: a turn announced complete twice is a
+    duplicate (a ``recovered`` announcement re-announces one saved, never counted); a
+    resume that continues below the turns already announced lost those between."""
+    count = TurnCount()
+    done = 0
+    for event in transcript.events(path):
+        start = transcript.resumed_from(event)
+        if start is not None:
+            if start - 1 < done:
+                count.lost += done - (start - 1)
+                count.problems.append(f"{path}: resumed at turn {start} after turn {done}")
+                done = start - 1
+            continue
+        turn = transcript.completed_turn(event)
+        if turn is None:
+            continue
+        if transcript.ours(event).get("recovered"):
+            done = max(done, turn)
+            continue
+        if turn <= done:
+            count.duplicated += 1
+            count.problems.append(f"{path}: turn {turn} announced again after turn {done}")
+        done = max(done, turn)
+    return count
+
+
+def session_turns(session_dir: Path) -> list[str]:
+    """What is wrong with a session's own record of its turns: its scripted prompts are
+    turns 1..n, each once."""
+    if not layout.session_file(session_dir).exists():
+        return []
+    try:
+        session = load_session(session_dir)
+    except SessionError as exc:
+        return [f"{session_dir}: unreadable session ({exc})"]
+    prompts = [message_text(m) for m in session.messages if m.get("role") == "user"]
+    numbers = [p.removeprefix("scripted prompt ") for p in prompts]
+    if numbers != [str(k) for k in range(1, len(numbers) + 1)]:
+        return [f"{session_dir}: its prompts are turns {', '.join(numbers[:12])}…"]
+    return []
+
+
+def turns_on_disk(volumes: Path) -> TurnCount:
+    """Every agent of every workspace under ``volumes`` (the dev stack's PVCs, kept as
+    long as their PVC is)."""
+    total = TurnCount()
+    for agents in sorted(volumes.glob(f"*/*/{layout.AGENTS_DIR}")):
+        for agent in sorted(p for p in agents.iterdir() if p.is_dir()):
+            count = transcript_turns(layout.transcript_file(agent))
+            total.lost += count.lost
+            total.duplicated += count.duplicated
+            total.problems += count.problems + session_turns(agent)
+    return total
+
+
+# ------------------------------------------------------------------------- stack
+
+
+class ChaosStack:
+    """One ``drainctl dev up`` for one sequence, and what the moves do to it."""
+
+    def __init__(self, root: Path, choice: StackChoice) -> None:
+        self.root = root
+        self.choice = choice
+        env: dict[str, str] = {}
+        if choice.broker == "redis":
+            url = flushed_redis(REDIS_PORT, REDIS_DB)
+            env |= {"DRAIN_BROKER_URL": url, "DRAIN_RESULT_BACKEND": url}
+        database = f"sqlite:///{root / 'ledger.db'}"
+        if choice.ledger == "postgresql":
+            database = fresh_ledger(chaos_database())
+        env["DRAIN_DATABASE_URL"] = database
+        extra = () if choice.snapshots else ("--no-snapshots",)
+        self.env = env
+        self.stack = DevStackProcess(root, *extra, env=env)
+        self.pvcs: dict[str, str] = {}
+
+    def __enter__(self) -> ChaosStack:
+        self.stack.start(120)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.stop(120)
+
+    @property
+    def volumes(self) -> Path:
+        return self.stack.state / "sandboxes" / "volumes"
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.stack.kubeconfig), *args],
+            capture_output=True, text=True, input=stdin, timeout=120, check=False,
+        )  # fmt: skip
+
+    def drainctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.stack.kubeconfig)}
+        return subprocess.run([*DRAINCTL, *args], capture_output=True, text=True, env=env,
+                              timeout=300, check=False)  # fmt: skip
+
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        listed = self.kubectl("get", "ctask", "-n", NAMESPACE, "-o", "json")
+        if listed.returncode != 0:
+            return {}
+        items = json.loads(listed.stdout).get("items") or []
+        return {str(t["metadata"]["name"]): t for t in items}
+
+    def patch(self, name: str, body: dict[str, Any]) -> None:
+        self.kubectl("patch", "ctask", name, "-n", NAMESPACE, "--type=merge", "-p",
+                     json.dumps(body))  # fmt: skip
+
+    def processes(self, *words: str) -> list[int]:
+        """The stack's processes whose command line has each of ``words`` as an argument."""
+        return [p for p in descendants(self.stack.pid) if set(words) <= set(_argv(p))]
+
+    def serving(self, pvc: str) -> list[int]:
+        """Processes whose ``--store`` is ``pvc``'s volume (a pod's reaper and daemon)."""
+        import psutil
+
+        volume = str(self.volumes / NAMESPACE / pvc)
+        found = []
+        for pid in descendants(self.stack.pid):
+            with contextlib.suppress(psutil.Error):
+                argv = psutil.Process(pid).cmdline()
+                if "--store" in argv and argv[argv.index("--store") + 1] == volume:
+                    found.append(pid)
+        return found
+
+    # -- the moves
+
+    def do(self, move: Move, rng: random.Random) -> None:
+        name = move.task or ""
+        if move.kind in ("create", "create-suspended"):
+            spec: dict[str, Any] = {
+                "task": {"agents": move.value, "provider": "scripted", "model": MODEL},
+            }
+            if move.kind == "create-suspended":
+                spec["lifecycle"] = {"suspend": True}
+            manifest = {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
+                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec,
+            }  # fmt: skip
+            self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        elif move.kind == "delete":
+            pvc = ((self.tasks().get(name) or {}).get("status") or {}).get("pvcName")
+            if pvc:
+                self.pvcs[name] = str(pvc)
+            self.kubectl("delete", "ctask", name, "-n", NAMESPACE, "--wait=false")
+        elif move.kind in ("suspend", "resume"):
+            self.patch(name, {"spec": {"lifecycle": {"suspend": move.kind == "suspend"}}})
+        elif move.kind in ("pause", "wake"):
+            self.drainctl(move.kind, f"{NAMESPACE}/{name}")
+        elif move.kind == "scale":
+            self.patch(name, {"spec": {"task": {"agents": move.value}}})
+        elif move.kind in ("kill-operator", "kill-worker", "stop-operator", "stop-worker"):
+            which = "operator" if "operator" in move.kind else "worker"
+            pids = [p for p in self.processes("orchestrator.cli", which)
+                    if p != self.stack.pid]  # fmt: skip
+            if move.kind.startswith("kill"):
+                signal_all(pids, signal.SIGKILL)
+            else:
+                signal_all(pids, signal.SIGSTOP)
+                try:
+                    time.sleep(move.value or STOP_SECS[0])
+                finally:
+                    signal_all(pids, signal.SIGCONT)
+        elif move.kind in ("kill-daemon", "kill-agent"):
+            pvc = ((self.tasks().get(name) or {}).get("status") or {}).get("pvcName")
+            if not pvc:
+                return
+            serving = self.serving(str(pvc))
+            if move.kind == "kill-daemon":
+                daemons = [p for p in serving if "worker_agent.reaper" not in " ".join(_argv(p))]
+                signal_all(daemons, signal.SIGKILL)
+            else:
+                import psutil
+
+                agents = [c for p in serving for c in descendants(p)
+                          if "worker_agent.worker" in " ".join(_argv(c))]  # fmt: skip
+                with contextlib.suppress(psutil.Error, IndexError):
+                    os.kill(rng.choice(sorted(set(agents))), signal.SIGKILL)
+
+    # -- the oracle
+
+    def unsettled(self, model: Model) -> list[str]:
+        """What is not yet as the model asks: a task not in its phase (or not with its
+        agents live), a deleted task still there."""
+        tasks = self.tasks()
+        wrong = []
+        for name, want in sorted(model.tasks.items()):
+            status = (tasks.get(name) or {}).get("status") or {}
+            phase, agents = status.get("phase"), status.get("agents")
+            if want.suspended:
+                if phase != "Suspended":
+                    wrong.append(f"{name}: {phase}, want Suspended")
+            elif phase != "Running" or agents != want.agents:
+                wrong.append(f"{name}: {phase} with {agents} agents live, want Running with "
+                             f"{want.agents}")  # fmt: skip
+        for name in model.deleted:
+            if name in tasks:
+                wrong.append(f"{name}: deleted, still there ({_phase(tasks[name])})")
+        return wrong
+
+    def left_running(self, model: Model) -> list[str]:
+        """Processes still serving the workspace of a deleted task that is gone."""
+        gone = [n for n in model.deleted if n not in self.tasks()]
+        return [f"{name}: pid {pid} still serves its PVC {self.pvcs[name]}"
+                for name in gone if name in self.pvcs
+                for pid in self.serving(self.pvcs[name])]  # fmt: skip
+
+    def audit(self) -> list[str]:
+        done = self.drainctl("audit", "--json", "--volumes", str(self.stack.state / "sandboxes"))
+        try:
+            report = json.loads(done.stdout)
+        except ValueError:
+            return [f"drainctl audit exited {done.returncode}: {done.stderr.strip()[-300:]}"]
+        return [f"{f['kind']} {f['subject']}: {f['message']}" for f in report.get("findings", [])]
+
+    def duplicate_checkpoints(self) -> list[str]:
+        from orchestrator.ledger import Ledger
+
+        ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
+        try:
+            return [str(p) for p in ledger.drain_record_problems()]
+        finally:
+            ledger.dispose()
+
+
+def _argv(pid: int) -> list[str]:
+    import psutil
+
+    try:
+        return list(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return []
+
+
+def _phase(task: dict[str, Any]) -> str:
+    return str((task.get("status") or {}).get("phase"))
+
+
+def signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def chaos_database() -> str:
+    """A PostgreSQL database of the harness's own (made if missing), so a run never
+    touches another's tables."""
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :d"),
+                                  {"d": CHAOS_DATABASE}).scalar()  # fmt: skip
+            if not exists:
+                conn.execute(sa.text(f'CREATE DATABASE "{CHAOS_DATABASE}"'))
+    except sa.exc.OperationalError:
+        raise ServerUnavailable(
+            f"the seed picks a PostgreSQL ledger and none answers at {POSTGRES}"
+        ) from None
+    finally:
+        admin.dispose()
+    return POSTGRES.rsplit("/", 1)[0] + f"/{CHAOS_DATABASE}"
+
+
+# -------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Failure:
+    sequence: int
+    kind: str
+    """``lost_turns``, ``duplicate_turns``, ``duplicate_checkpoints``, ``wedged``,
+    ``audit_findings`` or ``left_running``."""
+    details: list[str]
+    moves: list[str]
+    """The shortest sequence found that still fails this way."""
+
+
+@dataclass
+class Report:
+    seed: int
+    stack: str
+    sequences: int = 0
+    steps: int = 0
+    faults: int = 0
+    lost_turns: int = 0
+    duplicate_turns: int = 0
+    duplicate_checkpoints: int = 0
+    wedged: int = 0
+    audit_findings: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.failures
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Outcome:
+    steps: int
+    faults: int
+    kind: str | None = None
+    details: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def judge(
+    chaos: ChaosStack, model: Model, bound: float
+) -> tuple[str | None, list[str], dict[str, int]]:
+    """The oracle after a step: the first kind of failure found, its details, and the
+    counts of each kind."""
+    deadline = time.monotonic() + bound
+    while (wrong := chaos.unsettled(model)) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    turns = turns_on_disk(chaos.volumes)
+    doubled = chaos.duplicate_checkpoints()
+    findings = chaos.audit() if not wrong else []
+    left = chaos.left_running(model)
+    counts = {"lost_turns": turns.lost, "duplicate_turns": turns.duplicated,
+              "duplicate_checkpoints": len(doubled), "wedged": len(wrong),
+              "audit_findings": len(findings)}  # fmt: skip
+    for kind, details in (("lost_turns", turns.problems if turns.lost else []),
+                          ("duplicate_turns", turns.problems if turns.duplicated else []),
+                          ("duplicate_checkpoints", doubled), ("wedged", wrong),
+                          ("left_running", left), ("audit_findings", findings),
+                          ("turn_records", turns.problems)):  # fmt: skip
+        if details:
+            return kind, details, counts
+    return None, [], counts
+
+
+def run_sequence(
+    moves: Sequence[Move],
+    choice: StackChoice,
+    rng: random.Random,
+    bound: float,
+    root: Path,
+    say: Callable[[str], None],
+) -> Outcome:
+    """``moves`` on a fresh stack, judged after each; stops at the first failure."""
+    model = Model()
+    outcome = Outcome(0, 0)
+    with ChaosStack(root, choice) as chaos:
+        for move in moves:
+            say(f"  step {outcome.steps + 1}: {move.line()}")
+            chaos.do(move, rng)
+            model.apply(move)
+            outcome.steps += 1
+            outcome.faults += move.fault
+            kind, details, counts = judge(chaos, model, bound)
+            for key, value in counts.items():
+                outcome.counts[key] = max(outcome.counts.get(key, 0), value)
+            if kind is not None:
+                outcome.kind, outcome.details = kind, details
+                break
+        else:
+            say(f"  quiet for {quiet_secs(Settings()):g}s, then judged once more")
+            time.sleep(quiet_secs(Settings()))
+            kind, details, _ = judge(chaos, model, bound)
+            outcome.kind, outcome.details = kind, details
+    return outcome
+
+
+def shrink(
+    moves: list[Move],
+    outcome: Outcome,
+    choice: StackChoice,
+    seed: int,
+    bound: float,
+    scratch: Callable[[], Path],
+    say: Callable[[str], None],
+) -> list[Move]:
+    """Drop steps one at a time (last first) while the rest still fails as ``outcome``
+    did, at most ``SHRINK_REPLAYS`` replays; the shortest failing sequence found."""
+    best = moves[: outcome.steps]
+    replays = 0
+    index = len(best) - 2  # the failing step itself stays
+    while index >= 0 and replays < SHRINK_REPLAYS:
+        candidate = replayable(best[:index] + best[index + 1 :])
+        if candidate and candidate != best:
+            replays += 1
+            say(f"  shrinking: replay {replays} without step {index + 1} ({len(candidate)} steps)")
+            again = run_sequence(candidate, choice, random.Random(seed), bound, scratch(),
+                                 lambda _line: None)  # fmt: skip
+            if again.kind == outcome.kind:
+                best = candidate[: again.steps]
+        index -= 1
+    return best
+
+
+def run(seed: int, sequences: int, steps: int, say: Callable[[str], None]) -> Report:
+    choice = StackChoice.of_seed(seed)
+    report = Report(seed, choice.line())
+    bound = settle_secs(Settings())
+    with scratch_dirs() as scratch:
+        for sequence in range(sequences):
+            moves = plan(seed, sequence, steps)
+            say(f"sequence {sequence + 1}/{sequences} ({choice.line()}): {len(moves)} steps")
+            rng = random.Random(f"faults-{seed}-{sequence}")
+            outcome = run_sequence(moves, choice, rng, bound, scratch(), say)
+            report.sequences += 1
+            report.steps += outcome.steps
+            report.faults += outcome.faults
+            report.lost_turns += outcome.counts.get("lost_turns", 0)
+            report.duplicate_turns += outcome.counts.get("duplicate_turns", 0)
+            report.duplicate_checkpoints += outcome.counts.get("duplicate_checkpoints", 0)
+            report.wedged += outcome.counts.get("wedged", 0)
+            report.audit_findings += outcome.counts.get("audit_findings", 0)
+            if outcome.kind is not None:
+                say(f"  FAILED ({outcome.kind}): {'; '.join(outcome.details[:3])}")
+                shortest = shrink(moves, outcome, choice, seed, bound, scratch, say)
+                report.failures.append(Failure(sequence, outcome.kind, outcome.details[:20],
+                                               [m.line() for m in shortest]))  # fmt: skip
+    return report
+
+
+@contextlib.contextmanager
+def scratch_dirs() -> Iterator[Callable[[], Path]]:
+    """Fresh directories (short paths: the stack's sockets live under them), removed at
+    the end."""
+    top = Path(tempfile.mkdtemp(prefix="cd-chaos-", dir="/tmp"))
+    made = iter(range(1_000_000))
+    try:
+        yield lambda: Path(tempfile.mkdtemp(prefix=f"{next(made)}-", dir=top))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"chaos: {message}\n")
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def seed_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -m orchestrator.testing.chaos", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--seed", type=seed_value, required=True, help="decides the stack and every move"
+    )
+    parser.add_argument(
+        "--sequences", type=positive, required=True, help="sequences, each on a fresh stack"
+    )
+    parser.add_argument("--steps", type=positive, required=True, help="steps in each sequence")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser.parse_args(argv)
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("kubectl") is None:
+        print("chaos: kubectl is not installed (the harness drives the stack with it)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    say: Callable[[str], None] = (
+        (lambda line: print(line, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda line: print(line, flush=True))
+    )
+    # Ctrl-C and SIGTERM stop the run the same way: through every ``finally`` that
+    # stops a stack.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        report = run(args.seed, args.sequences, args.steps, say)
+    except KeyboardInterrupt:
+        print("chaos: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    except ServerUnavailable as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_json(), indent=1))
+    else:
+        print(f"seed {report.seed} ({report.stack}): {report.sequences} sequences, "
+              f"{report.steps} steps, {report.faults} faults; lost turns {report.lost_turns}, "
+              f"duplicate turns {report.duplicate_turns}, duplicate checkpoints "
+              f"{report.duplicate_checkpoints}, wedged {report.wedged}, audit findings "
+              f"{report.audit_findings}")  # fmt: skip
+        for failure in report.failures:
+            print(f"FAILED sequence {failure.sequence + 1} ({failure.kind}): "
+                  f"{'; '.join(failure.details[:3])}")  # fmt: skip
+            print("  shortest: " + " | ".join(failure.moves))
+    return 0 if report.clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
