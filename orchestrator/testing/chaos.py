@@ -68,7 +68,8 @@ MAX_TASKS = 5
 MODEL = "turns=100000,turn_ms=300"
 """Each agent works a turn every 0.3 s for as long as the sequence lasts."""
 REDIS_PORT = 6379
-REDIS_DB = 15
+REDIS_DB = 2
+"""A database no test or benchmark uses, so a run beside them touches none of theirs."""
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 CHAOS_DATABASE = "caliban_chaos"
 SHRINK_REPLAYS = 6

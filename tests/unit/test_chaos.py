@@ -43,13 +43,12 @@ def run_chaos(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )  # fmt: skip
 def test_bad_arguments_are_refused_in_one_line_with_exit_2(args: list[str], said: str) -> None:
-    """Tried: each bad argument; nothing is started (no stack, no scratch directory)."""
-    before = set(Path("/tmp").glob("cd-chaos-*"))
+    """Tried: each bad argument: refused before anything is started (it answers at once,
+    having printed nothing else)."""
     done = run_chaos(*args)
     assert done.returncode == 2
     assert done.stderr == f"chaos: {said}\n"
     assert done.stdout == ""
-    assert set(Path("/tmp").glob("cd-chaos-*")) == before
 
 
 def test_the_seed_picks_the_stack_and_every_choice_is_met_by_some_seed() -> None:
