@@ -317,7 +317,12 @@ class ChaosStack:
         self.pvcs: dict[str, str] = {}
 
     def __enter__(self) -> ChaosStack:
-        self.stack.start(120)
+        try:
+            self.stack.start(120)
+        except BaseException:  # not ready in time, or Ctrl-C while it starts
+            if self.stack.proc is not None:
+                self.stack.stop(120)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
