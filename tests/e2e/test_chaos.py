@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,14 +36,23 @@ def tree(pid: int) -> dict[int, float]:
     return found
 
 
-def alive(processes: dict[int, float]) -> list[str]:
+def alive_pids(processes: dict[int, float]) -> list[int]:
+    """Those of ``processes`` still running (the same process: its start time too)."""
     left = []
     for pid, started in processes.items():
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid}: {' '.join(process.cmdline())[:120]}")
+                left.append(pid)
     return left
+
+
+def alive(processes: dict[int, float]) -> list[str]:
+    found = []
+    for pid in alive_pids(processes):
+        with contextlib.suppress(psutil.Error):
+            found.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+    return found
 
 
 def scratch_of(processes: dict[int, float]) -> set[Path]:
@@ -80,6 +90,7 @@ def test_ctrl_c_stops_everything_the_run_started(tmp_path: Path) -> None:
     with log.open("w") as out:
         run = subprocess.Popen([*CHAOS, "--seed", "5", "--sequences", "1", "--steps", "6"],
                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    started: dict[int, float] = {}
     try:
         wait_until(lambda: "step 2:" in log.read_text(), 300, "the run's second step", 0.2)
         started = tree(run.pid)
@@ -88,8 +99,12 @@ def test_ctrl_c_stops_everything_the_run_started(tmp_path: Path) -> None:
         run.send_signal(signal.SIGINT)
         assert run.wait(300) == 130
     finally:
-        if run.poll() is None:
+        if run.poll() is None:  # this test failed: what the run started goes with it
+            started |= tree(run.pid)
             run.kill()
+            for pid in alive_pids(started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     said = log.read_text().splitlines()
     assert said[-1] == "chaos: interrupted; everything it started is stopped", said[-5:]
     assert alive(started) == []
