@@ -686,24 +686,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"chaos: {message}\n")
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
+def whole(minimum: int) -> Callable[[str], int]:
+    """An argument type: a whole number of at least ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
 
-def seed_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0")
-    return value
+    return parse
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -711,12 +706,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m orchestrator.testing.chaos", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--seed", type=seed_value, required=True, help="decides the stack and every move"
+        "--seed", type=whole(0), required=True, help="decides the stack and every move"
     )
     parser.add_argument(
-        "--sequences", type=positive, required=True, help="sequences, each on a fresh stack"
+        "--sequences", type=whole(1), required=True, help="sequences, each on a fresh stack"
     )
-    parser.add_argument("--steps", type=positive, required=True, help="steps in each sequence")
+    parser.add_argument("--steps", type=whole(1), required=True, help="steps in each sequence")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser.parse_args(argv)
 
