@@ -125,7 +125,8 @@ def upstream_sandbox_name(task: str) -> str:
 def sandbox_name(task: str, existing: str | None = None) -> str:
     """The Sandbox a task runs in: ``existing`` (its ``spec.sandbox.name``, a Sandbox
     someone else made) when set, else the one the operator makes: ``<task>-sbx``, as
-    caliban-operator names its children, where that is a valid Service name
+    caliban-operator names its children (``upstream_sandbox_name``; checked against its
+    source in tests/unit/test_upstream_compat.py), where that is a valid Service name
     (agent-sandbox names the Sandbox's Service after it); else one that is, the task's
     name made valid and cut, then 8 hex digits of its hash (``a.b`` → ``a-b-<hash>-sbx``).
     The one place the rule lives, so the operator, the audit and the tests cannot

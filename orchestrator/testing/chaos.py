@@ -360,15 +360,12 @@ class ChaosStack:
 
     def serving(self, pvc: str) -> list[int]:
         """Processes whose ``--store`` is ``pvc``'s volume (a pod's reaper and daemon)."""
-        import psutil
-
         volume = str(self.volumes / NAMESPACE / pvc)
         found = []
         for pid in descendants(self.stack.pid):
-            with contextlib.suppress(psutil.Error):
-                argv = psutil.Process(pid).cmdline()
-                if "--store" in argv and argv[argv.index("--store") + 1] == volume:
-                    found.append(pid)
+            argv = _argv(pid)
+            if "--store" in argv and argv[argv.index("--store") + 1] == volume:
+                found.append(pid)
         return found
 
     # -- the moves
