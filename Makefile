@@ -38,7 +38,10 @@ pytest: env services
 
 check: lint typecheck
 
-test: check pytest
+# Everything CI runs, in order: check, pytest, compose-test, bench-test. The compose
+# test's engine and images are made ready while the suite runs (scripts/test-all.sh).
+test: env services
+	MAKE="$(MAKE)" PY="$(PY)" bash scripts/test-all.sh
 
 bench: env services
 	$(PY) -m bench --write
@@ -51,17 +54,14 @@ clean:
 
 # docker-compose.yml run for real (tests/compose): the engine installed and started by
 # scripts/docker-engine.sh when missing (and stopped again if it started it), the images
-# built from Debian's packages and cached by content hash. `make test` runs it last.
+# built from Debian's packages and cached by content hash. `make test` runs it after the
+# suite.
 .PHONY: compose-test
 compose-test: env
 	bash scripts/docker-engine.sh run -- $(PY) -m pytest -m compose --durations=0 tests/compose $(PYTEST_ARGS)
-
-test: compose-test
 
 # tests/integration/test_bench_quick.py: the quick benchmark run, checked. Alone, after the
 # suite: its scenarios measure, and beside the suite's load they took twice as long.
 .PHONY: bench-test
 bench-test: env services
 	$(PY) -m pytest -m bench --durations=0 tests/integration/test_bench_quick.py $(PYTEST_ARGS)
-
-test: bench-test

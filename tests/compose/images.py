@@ -184,3 +184,28 @@ def drop_other_builds(keep: str) -> None:
     if stale:
         run("docker", "image", "rm", *stale)
     run("docker", "image", "prune", "--force")
+
+
+def build_all() -> tuple[str, str]:
+    """The project's image and the services' image, each built if missing; the
+    project's images of other sources are dropped. Answers (app, services)."""
+    app = project_image(python_base())
+    services = services_image()
+    drop_other_builds(app)
+    return app, services
+
+
+def main() -> int:
+    """``python -m tests.compose.images``: build what the compose test runs, ahead of it
+    (``make test`` does so while the suite runs); one line on failure, exit 1."""
+    try:
+        app, services = build_all()
+    except (ImageBuildFailed, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"compose images: {exc}", file=sys.stderr)
+        return 1
+    print(f"compose images: {app} {services}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -221,10 +221,7 @@ def stack() -> Iterator[ComposeStack]:
     if taken:
         pytest.fail(f"127.0.0.1 ports {taken} are in use; the compose stack needs them free")
     started = time.monotonic()
-    base = images.python_base()
-    app = images.project_image(base)
-    services = images.services_image()
-    images.drop_other_builds(app)
+    app, services = images.build_all()
     built = time.monotonic() - started
     root = Path(tempfile.mkdtemp(prefix="cd-compose-", dir="/tmp"))
     compose = ComposeStack(root, app, services)

@@ -33,7 +33,7 @@ from tests.pipeline_support import (
 )
 from tests.support import DaemonProcess, wait_until
 from worker_agent.proto import AgentStatus
-from worker_agent.session import count_completed_turns, load_session
+from worker_agent.session import MAX_UNANNOUNCED_TURNS, count_completed_turns, load_session
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,10 @@ def assert_nothing_lost(stack: Stack, daemon: DaemonProcess, ref: str) -> None:
     assert checkpoint is not None
     for agent in checkpoint.agents:
         directory = daemon.store / agent.session_dir
-        assert agent.turns == load_session(directory).turns == count_completed_turns(directory)
+        assert agent.turns == load_session(directory).turns
+        # A SIGKILLed worker may have saved its last turn and not yet announced it.
+        unannounced = agent.turns - count_completed_turns(directory)
+        assert unannounced == 0 or (not agent.clean and unannounced <= MAX_UNANNOUNCED_TURNS)
 
 
 def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(
@@ -104,9 +107,12 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(
     """Tried: SIGKILL of the daemon-side consumer while its drain task runs."""
     pg_stack.start_worker()
     daemon = pg_stack.start_daemon("team-a", "task-k")
-    # Long turns: each agent finishes its in-flight turn inside the grace, so the drain
-    # takes seconds and the consumer can be killed while it waits for the reply.
-    daemon.spawn_working(3, "turns=100000,turn_ms=3000", 1)
+    daemon.spawn_working(2, "turns=100000,turn_ms=50", 2)
+    # One agent ignores SIGTERM, so the drain lasts its whole grace (20 s) before the
+    # daemon SIGKILLs it, and the consumer is killed while it waits for the reply. Agents
+    # that honour SIGTERM alone cannot hold it: ones started together reach a turn's end
+    # together, and a drain arriving there is over in a fraction of a second.
+    daemon.spawn_working(1, "turns=100000,turn_ms=50,sigterm=ignore", 2)
     # Connected, not only started: a consumer still connecting under load would take the
     # drain late, and the wait below for it to be under way would time out.
     wait_until(
@@ -137,6 +143,7 @@ def test_consumer_sigkilled_mid_drain_is_redelivered_and_records_once(
     assert final.checkpoint_ref is not None
     assert checkpoint_rows(PG_URL) == (1, 3)
     assert_nothing_lost(pg_stack, daemon, final.checkpoint_ref)
+    assert "agent_drain_killed" in daemon.log_text()  # the drain did last its grace
 
 
 def test_orchestrator_worker_sigkilled_mid_record_checkpoint_records_once(
