@@ -5,11 +5,16 @@ judged after every step by the turns on disk, the ledger and the audit.
 
 The seed decides everything: the stack (with or without snapshots, the embedded broker
 or Redis, a SQLite or a PostgreSQL ledger), and for each sequence, on a fresh stack, up
-to ``MAX_TASKS`` tasks driven through ``M`` steps, each a user action (create, created
-suspended, delete, suspend and resume through the spec, ``drainctl pause`` and ``wake``,
-a scale) or a fault (SIGKILL or SIGSTOP/SIGCONT of the operator or the orchestrator
-worker, SIGKILL of a task's daemon or of one of its agents). Every setting is the
-default.
+to ``MAX_TASKS`` tasks (in ``default`` and in namespaces of the sequence's own) driven
+through ``M`` steps, each a user action or a fault. The user actions: create (running,
+created suspended, idle: agents that finish and an ``idleTimeout`` that pauses the task,
+or a restore of a deleted task's latest checkpoint), delete, delete the namespace,
+suspend and resume through the spec, ``drainctl pause`` and ``wake``, the wake
+annotation, a scale, an edit of the env or the image (each rolls the pod), ``drainctl
+ledger prune``. The faults: SIGKILL or SIGSTOP/SIGCONT of the operator, the
+orchestrator worker, a task's daemon or one of its agents; SIGKILL of its consumer; an
+eviction (the pod stopped gracefully) and a lost node (the pod's whole tree SIGKILLed
+at once). Every timing setting is the default.
 
 After each step, once the stack has had ``settle_secs`` (derived from the settings) to
 converge, the oracle:
@@ -19,12 +24,13 @@ converge, the oracle:
   it had announced (the turns between are lost); each session's prompts are turns 1..n;
 - exactly one checkpoint per drain (``Ledger.drain_record_problems``);
 - every task in the phase its spec asks for (``Running`` with its agents live, or
-  ``Suspended``), every deleted task gone: what is not, within the bound, is wedged;
+  ``Suspended``: asked to, or idle), every deleted task gone: what is not, within the
+  bound, is wedged;
 - ``drainctl audit`` clean; no process left serving a deleted task's workspace.
 
 A failing sequence is shrunk: steps are dropped, one at a time, while the shorter
 sequence (replayed on a fresh stack) still fails the same way, within ``SHRINK_REPLAYS``
-replays. ``--json`` prints the figures the issue names (``seed``, ``sequences``,
+replays. ``--json`` prints the run's figures (``seed``, ``sequences``,
 ``steps``, ``faults``, ``lost_turns``, ``duplicate_checkpoints``, ``wedged``,
 ``audit_findings``) and each failure's shortest sequence. Exit 0: nothing found; 1: a
 finding; 2: bad arguments (one line); 130: interrupted. Whatever it started is stopped
@@ -49,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from orchestrator.operator.crd import GROUP, VERSION
+from orchestrator.operator.crd import GROUP, VERSION, WAKE_ANNOTATION
 from orchestrator.operator.lifecycle.availability import HEARTBEATS_MISSED_BEFORE_SILENT
 from orchestrator.settings import Settings
 from orchestrator.testing import (
@@ -60,6 +66,7 @@ from orchestrator.testing import (
 )
 from worker_agent import layout, transcript
 from worker_agent.children import descendants
+from worker_agent.reaper import KILL_TREE
 from worker_agent.session import SessionError, load_session, message_text
 from worker_agent.testing import DRAINCTL
 
@@ -76,10 +83,25 @@ SHRINK_REPLAYS = 6
 STOP_SECS = (2, 20)
 """How long a SIGSTOPped process stays stopped (seconds, drawn in this range)."""
 
-USER_ACTIONS = ("create", "create-suspended", "delete", "suspend", "resume", "pause", "wake",
-                "scale")  # fmt: skip
+EDIT_IMAGES = 3
+EDIT_IMAGE = "caliban-drain-chaos"
+"""An ``edit-image`` sets ``caliban-drain-chaos:<1..EDIT_IMAGES>``, images the stack's
+operator is told it may run (``DRAIN_ALLOWED_IMAGES``, a deployment's list, not a
+timing): the dev stack's pods are local processes, so each rolls the pod and runs the
+same code."""
+IDLE_MODEL = "turns=3,turn_ms=300"
+"""An idle task's agents: three turns, then waiting for a prompt that never comes."""
+IDLE_TIMEOUT = "20s"
+"""An idle task's ``lifecycle.idleTimeout``: it pauses itself that long after its agents
+went idle, and after every wake."""
+
+USER_ACTIONS = ("create", "create-suspended", "create-idle", "restore", "delete",
+                "delete-namespace", "suspend", "resume", "pause", "wake", "wake-annotation",
+                "scale", "edit-env", "edit-image", "prune")  # fmt: skip
 FAULTS = ("kill-operator", "stop-operator", "kill-worker", "stop-worker", "kill-daemon",
-          "kill-agent")  # fmt: skip
+          "stop-daemon", "kill-consumer", "kill-agent", "stop-agent", "evict",
+          "node-loss")  # fmt: skip
+CREATES = ("create", "create-suspended", "create-idle", "restore")
 
 
 def quiet_secs(settings: Settings) -> float:
@@ -128,10 +150,23 @@ class Move:
     kind: str
     task: str | None = None
     value: int | None = None
-    """A scale's agent count; a stop's seconds."""
+    """A create's or a scale's agent count; a stop's seconds; a prune's ``--keep``; an
+    edit's new value."""
+    namespace: str = NAMESPACE
+    """The task's namespace (a create's, or the one a namespace deletion deletes)."""
+    source: str | None = None
+    """A restore's deleted task, whose latest checkpoint it restores."""
 
     def line(self) -> str:
-        parts = [self.kind, self.task or "", "" if self.value is None else str(self.value)]
+        task = (
+            self.task
+            if self.namespace == NAMESPACE or not self.task
+            else (f"{self.namespace}/{self.task}")
+        )
+        if self.kind == "delete-namespace":
+            task = self.namespace
+        parts = [self.kind, task or "", "" if self.value is None else str(self.value),
+                 f"from {self.source}" if self.source else ""]  # fmt: skip
         return " ".join(p for p in parts if p)
 
     @property
@@ -143,8 +178,16 @@ class Move:
 class TaskModel:
     agents: int
     suspended: bool
+    """``spec.lifecycle.suspend``."""
     started: bool
     """Whether it ever ran (a task created suspended has no checkpoint to wake from)."""
+    namespace: str = NAMESPACE
+    idle: bool = False
+    """Its agents go idle and its ``idleTimeout`` pauses it: it settles Suspended."""
+
+    @property
+    def wants_suspended(self) -> bool:
+        return self.suspended or self.idle
 
 
 @dataclass
@@ -154,49 +197,94 @@ class Model:
     tasks: dict[str, TaskModel] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     created: int = 0
+    namespaces: list[str] = field(default_factory=list)
+    """Namespaces of the sequence's own (never ``default``) not deleted."""
+    namespaces_made: int = 0
+    restorable: dict[str, TaskModel] = field(default_factory=dict)
+    """Deleted tasks that ran, by name, whose latest checkpoint no restore took yet and
+    no prune released."""
 
     def choose(self, rng: random.Random) -> Move:
         """A move valid now, user actions three times as likely as faults."""
         names = sorted(self.tasks)
-        running = [n for n in names if not self.tasks[n].suspended]
+        running = [n for n in names if not self.tasks[n].wants_suspended]
+        idle = [n for n in names if self.tasks[n].idle and not self.tasks[n].suspended]
         suspended = [n for n in names if self.tasks[n].suspended]
         options: list[Move] = []
         if len(names) < MAX_TASKS:
             name = f"t{self.created}"
-            options += [Move("create", name, rng.randint(1, 3)),
-                        Move("create-suspended", name, rng.randint(1, 3))]  # fmt: skip
+            namespace = rng.choice([NAMESPACE, NAMESPACE, *self.namespaces,
+                                    f"ns{self.namespaces_made}"])  # fmt: skip
+            options += [Move(kind, name, rng.randint(1, 3), namespace)
+                        for kind in ("create", "create-suspended", "create-idle")]  # fmt: skip
+            for source in sorted(self.restorable):
+                was = self.restorable[source]
+                options.append(Move("restore", name, was.agents, was.namespace, source))
         for name in names:
-            options.append(Move("delete", name))
+            options.append(Move("delete", name, namespace=self.tasks[name].namespace))
+        for namespace in self.namespaces:
+            options.append(Move("delete-namespace", namespace=namespace))
         for name in running:
             options += [Move("suspend", name), Move("pause", name),
-                        Move("scale", name, rng.randint(1, 3))]  # fmt: skip
+                        Move("scale", name, rng.randint(1, 3)),
+                        Move("edit-env", name, rng.randint(1, 999)),
+                        Move("edit-image", name, rng.randint(1, EDIT_IMAGES))]  # fmt: skip
+        for name in idle:
+            options += [Move("suspend", name), Move("pause", name), Move("wake-annotation", name)]
         for name in suspended:
             options += [Move("resume", name), Move("wake", name)]
+        if self.deleted:  # a prune's work: the checkpoints of deleted tasks
+            options.append(Move("prune", value=rng.choice((0, 1))))
         faults = [Move("kill-operator"), Move("kill-worker"),
                   Move("stop-operator", None, rng.randint(*STOP_SECS)),
                   Move("stop-worker", None, rng.randint(*STOP_SECS))]  # fmt: skip
         for name in running:
-            faults += [Move("kill-daemon", name), Move("kill-agent", name)]
+            faults += [Move("kill-daemon", name), Move("kill-consumer", name),
+                       Move("kill-agent", name), Move("evict", name), Move("node-loss", name),
+                       Move("stop-daemon", name, rng.randint(*STOP_SECS)),
+                       Move("stop-agent", name, rng.randint(*STOP_SECS))]  # fmt: skip
         if options and (not faults or rng.random() < 0.75):
             return rng.choice(options)
         return rng.choice(faults)
 
     def apply(self, move: Move) -> None:
         task = self.tasks.get(move.task or "")
-        if move.kind in ("create", "create-suspended"):
+        if move.kind in CREATES:
             assert move.task is not None and move.value is not None
             suspended = move.kind == "create-suspended"
-            self.tasks[move.task] = TaskModel(move.value, suspended, started=not suspended)
+            idle = move.kind == "create-idle"
+            if move.kind == "restore":
+                idle = self.restorable.pop(str(move.source)).idle
+            self.tasks[move.task] = TaskModel(move.value, suspended, not suspended,
+                                              move.namespace, idle)  # fmt: skip
             self.created += 1
+            if move.namespace != NAMESPACE and move.namespace not in self.namespaces:
+                self.namespaces.append(move.namespace)
+                self.namespaces_made += 1
         elif move.kind == "delete" and task is not None:
             del self.tasks[str(move.task)]
             self.deleted.append(str(move.task))
+            if task.started:
+                self.restorable[str(move.task)] = task
+        elif move.kind == "delete-namespace":
+            for name in [n for n, t in self.tasks.items() if t.namespace == move.namespace]:
+                del self.tasks[name]
+                self.deleted.append(name)
+            self.restorable = {n: t for n, t in self.restorable.items()
+                               if t.namespace != move.namespace}  # fmt: skip
+            self.namespaces.remove(move.namespace)
         elif move.kind in ("suspend", "pause") and task is not None:
             task.suspended = True
         elif move.kind in ("resume", "wake") and task is not None:
             task.suspended, task.started = False, True
         elif move.kind == "scale" and task is not None and move.value is not None:
             task.agents = move.value
+        elif move.kind == "prune" and move.value == 0:
+            self.restorable.clear()  # --keep 0: every checkpoint no live task names goes
+
+    def namespace_of(self, name: str) -> str:
+        task = self.tasks.get(name)
+        return NAMESPACE if task is None else task.namespace
 
 
 def plan(seed: int, sequence: int, steps: int) -> list[Move]:
@@ -213,13 +301,19 @@ def plan(seed: int, sequence: int, steps: int) -> list[Move]:
 
 def replayable(moves: Sequence[Move]) -> list[Move]:
     """``moves`` without those that make no sense once others were dropped (a move on a
-    task not created, or already deleted)."""
+    task not created, or already deleted; a restore of a task not deleted, or already
+    restored; a namespace deletion of a namespace not there)."""
     model = Model()
     kept = []
     for move in moves:
         exists = move.task in model.tasks
-        if move.kind in ("create", "create-suspended"):
+        if move.kind in CREATES:
             if exists or move.task in model.deleted:
+                continue
+            if move.kind == "restore" and move.source not in model.restorable:
+                continue
+        elif move.kind == "delete-namespace":
+            if move.namespace not in model.namespaces:
                 continue
         elif move.task is not None and not exists:
             continue
@@ -311,10 +405,13 @@ class ChaosStack:
         if choice.ledger == "postgresql":
             database = fresh_ledger(chaos_database())
         env["DRAIN_DATABASE_URL"] = database
+        images = (f"{EDIT_IMAGE}:{k}" for k in range(1, EDIT_IMAGES + 1))
+        env["DRAIN_ALLOWED_IMAGES"] = ",".join(images)
         extra = () if choice.snapshots else ("--no-snapshots",)
         self.env = env
         self.stack = DevStackProcess(root, *extra, env=env)
-        self.pvcs: dict[str, str] = {}
+        self.pvcs: dict[str, tuple[str, str]] = {}
+        """Each deleted task's (namespace, PVC), for ``left_running``."""
 
     def __enter__(self) -> ChaosStack:
         try:
@@ -344,23 +441,24 @@ class ChaosStack:
                               timeout=300, check=False)  # fmt: skip
 
     def tasks(self) -> dict[str, dict[str, Any]]:
-        listed = self.kubectl("get", "ctask", "-n", NAMESPACE, "-o", "json")
+        """Every task, by name (names are unique across the sequence's namespaces)."""
+        listed = self.kubectl("get", "ctask", "--all-namespaces", "-o", "json")
         if listed.returncode != 0:
             return {}
         items = json.loads(listed.stdout).get("items") or []
         return {str(t["metadata"]["name"]): t for t in items}
 
-    def patch(self, name: str, body: dict[str, Any]) -> None:
-        self.kubectl("patch", "ctask", name, "-n", NAMESPACE, "--type=merge", "-p",
+    def patch(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.kubectl("patch", "ctask", name, "-n", namespace, "--type=merge", "-p",
                      json.dumps(body))  # fmt: skip
 
     def processes(self, *words: str) -> list[int]:
         """The stack's processes whose command line has each of ``words`` as an argument."""
         return [p for p in descendants(self.stack.pid) if set(words) <= set(_argv(p))]
 
-    def serving(self, pvc: str) -> list[int]:
+    def serving(self, namespace: str, pvc: str) -> list[int]:
         """Processes whose ``--store`` is ``pvc``'s volume (a pod's reaper and daemon)."""
-        volume = str(self.volumes / NAMESPACE / pvc)
+        volume = str(self.volumes / namespace / pvc)
         found = []
         for pid in descendants(self.stack.pid):
             argv = _argv(pid)
@@ -368,59 +466,129 @@ class ChaosStack:
                 found.append(pid)
         return found
 
+    def pvc_of(self, name: str) -> str | None:
+        pvc = ((self.tasks().get(name) or {}).get("status") or {}).get("pvcName")
+        return str(pvc) if pvc else None
+
+    def pod_of(self, name: str, namespace: str) -> tuple[list[int], list[int]]:
+        """A task's pod as processes: its reapers (the pod's init) and its daemons."""
+        pvc = self.pvc_of(name)
+        serving = self.serving(namespace, pvc) if pvc else []
+        reapers = [p for p in serving if "worker_agent.reaper" in _argv(p)]
+        return reapers, [p for p in serving if p not in reapers]
+
     # -- the moves
 
-    def do(self, move: Move, rng: random.Random) -> None:
+    def do(self, move: Move, rng: random.Random, model: Model) -> None:
         name = move.task or ""
-        if move.kind in ("create", "create-suspended"):
-            spec: dict[str, Any] = {
-                "task": {"agents": move.value, "provider": "scripted", "model": MODEL},
-            }
-            if move.kind == "create-suspended":
-                spec["lifecycle"] = {"suspend": True}
-            manifest = {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
-                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec,
-            }  # fmt: skip
-            self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        namespace = move.namespace if move.kind in CREATES else model.namespace_of(name)
+        if move.kind in CREATES:
+            was = model.restorable.get(str(move.source))
+            self.create(
+                move, namespace, move.kind == "create-idle" or (was is not None and was.idle)
+            )
         elif move.kind == "delete":
-            pvc = ((self.tasks().get(name) or {}).get("status") or {}).get("pvcName")
-            if pvc:
-                self.pvcs[name] = str(pvc)
-            self.kubectl("delete", "ctask", name, "-n", NAMESPACE, "--wait=false")
+            if pvc := self.pvc_of(name):
+                self.pvcs[name] = (namespace, pvc)
+            self.kubectl("delete", "ctask", name, "-n", namespace, "--wait=false")
+        elif move.kind == "delete-namespace":
+            for task in self.tasks().values():
+                meta, status = task["metadata"], task.get("status") or {}
+                if meta.get("namespace") == move.namespace and status.get("pvcName"):
+                    self.pvcs[meta["name"]] = (move.namespace, str(status["pvcName"]))
+            self.kubectl("delete", "namespace", move.namespace, "--wait=false")
         elif move.kind in ("suspend", "resume"):
-            self.patch(name, {"spec": {"lifecycle": {"suspend": move.kind == "suspend"}}})
+            self.patch(name, namespace,
+                       {"spec": {"lifecycle": {"suspend": move.kind == "suspend"}}})  # fmt: skip
         elif move.kind in ("pause", "wake"):
-            self.drainctl(move.kind, f"{NAMESPACE}/{name}")
+            self.drainctl(move.kind, f"{namespace}/{name}")
+        elif move.kind == "wake-annotation":
+            stamp = f"chaos-{time.time():.6f}"
+            self.kubectl("annotate", "ctask", name, "-n", namespace, "--overwrite",
+                         f"{WAKE_ANNOTATION}={stamp}")  # fmt: skip
         elif move.kind == "scale":
-            self.patch(name, {"spec": {"task": {"agents": move.value}}})
+            self.patch(name, namespace, {"spec": {"task": {"agents": move.value}}})
+        elif move.kind == "edit-env":
+            env = [{"name": "CHAOS_EDIT", "value": str(move.value)}]
+            self.patch(name, namespace, {"spec": {"task": {"env": env}}})
+        elif move.kind == "edit-image":
+            self.patch(name, namespace, {"spec": {"task": {"image": f"{EDIT_IMAGE}:{move.value}"}}})
+        elif move.kind == "prune":
+            self.drainctl("ledger", "prune", "--keep", str(move.value))
         elif move.kind in ("kill-operator", "kill-worker", "stop-operator", "stop-worker"):
             which = "operator" if "operator" in move.kind else "worker"
             pids = [p for p in self.processes("orchestrator.cli", which)
                     if p != self.stack.pid]  # fmt: skip
-            if move.kind.startswith("kill"):
-                signal_all(pids, signal.SIGKILL)
-            else:
-                signal_all(pids, signal.SIGSTOP)
-                try:
-                    time.sleep(move.value or STOP_SECS[0])
-                finally:
-                    signal_all(pids, signal.SIGCONT)
-        elif move.kind in ("kill-daemon", "kill-agent"):
-            pvc = ((self.tasks().get(name) or {}).get("status") or {}).get("pvcName")
-            if not pvc:
-                return
-            serving = self.serving(str(pvc))
-            if move.kind == "kill-daemon":
-                daemons = [p for p in serving if "worker_agent.reaper" not in " ".join(_argv(p))]
-                signal_all(daemons, signal.SIGKILL)
-            else:
-                import psutil
+            self.hurt(move, pids)
+        else:
+            self.hurt_pod(move, name, namespace, rng)
 
-                agents = [c for p in serving for c in descendants(p)
-                          if "worker_agent.worker" in " ".join(_argv(c))]  # fmt: skip
-                with contextlib.suppress(psutil.Error, IndexError):
-                    os.kill(rng.choice(sorted(set(agents))), signal.SIGKILL)
+    def create(self, move: Move, namespace: str, idle: bool) -> None:
+        if namespace != NAMESPACE:
+            self.kubectl("create", "namespace", namespace)  # already there: refused, fine
+        spec: dict[str, Any] = {
+            "task": {"agents": move.value, "provider": "scripted",
+                     "model": IDLE_MODEL if idle else MODEL},
+        }  # fmt: skip
+        if move.kind == "create-suspended":
+            spec["lifecycle"] = {"suspend": True}
+        if move.kind == "restore":
+            ref = self.restorable_checkpoint(namespace, str(move.source))
+            if ref is not None:
+                spec["resumeFrom"] = {"checkpointRef": ref}
+        if idle:
+            spec["lifecycle"] = {"idleTimeout": IDLE_TIMEOUT}
+        manifest = {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
+            "metadata": {"name": move.task, "namespace": namespace}, "spec": spec,
+        }  # fmt: skip
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def restorable_checkpoint(self, namespace: str, source: str) -> str | None:
+        """The latest checkpoint of the deleted task ``source``, or None when it has none
+        to restore (a deletion that saved nothing): the restore is then a plain create."""
+        from orchestrator.ledger import Ledger
+
+        ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
+        try:
+            checkpoint = ledger.latest_checkpoint(namespace, source)
+        finally:
+            ledger.dispose()
+        if checkpoint is None or not checkpoint.available:
+            return None
+        return checkpoint.ref
+
+    def hurt(self, move: Move, pids: Sequence[int]) -> None:
+        """SIGKILL ``pids``, or SIGSTOP them for the move's seconds and then SIGCONT."""
+        if move.kind.startswith("kill"):
+            signal_all(pids, signal.SIGKILL)
+            return
+        signal_all(pids, signal.SIGSTOP)
+        try:
+            time.sleep(move.value or STOP_SECS[0])
+        finally:
+            signal_all(pids, signal.SIGCONT)
+
+    def hurt_pod(self, move: Move, name: str, namespace: str, rng: random.Random) -> None:
+        """A fault of one task's pod: its daemon, its consumer or one of its agents killed
+        or stopped; an eviction (the pod stopped gracefully: SIGTERM, the daemon drains);
+        a lost node (the pod's whole tree SIGKILLed at once). The Sandbox's controller
+        starts the pod again, as a Sandbox's pod is recreated."""
+        reapers, daemons = self.pod_of(name, namespace)
+        if move.kind == "evict":
+            signal_all(reapers, signal.SIGTERM)
+        elif move.kind == "node-loss":
+            signal_all(reapers, KILL_TREE)
+        elif move.kind in ("kill-daemon", "stop-daemon"):
+            self.hurt(move, daemons)
+        else:
+            children = [c for p in daemons for c in descendants(p)]
+            word = (
+                "worker_agent.consumer" if move.kind == "kill-consumer" else "worker_agent.worker"
+            )
+            found = sorted({c for c in children if word in " ".join(_argv(c))})
+            if found:
+                self.hurt(move, [rng.choice(found)])
 
     # -- the oracle
 
@@ -432,7 +600,7 @@ class ChaosStack:
         for name, want in sorted(model.tasks.items()):
             status = (tasks.get(name) or {}).get("status") or {}
             phase, agents = status.get("phase"), status.get("agents")
-            if want.suspended:
+            if want.wants_suspended:
                 if phase != "Suspended":
                     wrong.append(f"{name}: {phase}, want Suspended")
             elif phase != "Running" or agents != want.agents:
@@ -446,9 +614,9 @@ class ChaosStack:
     def left_running(self, model: Model) -> list[str]:
         """Processes still serving the workspace of a deleted task that is gone."""
         gone = [n for n in model.deleted if n not in self.tasks()]
-        return [f"{name}: pid {pid} still serves its PVC {self.pvcs[name]}"
+        return [f"{name}: pid {pid} still serves its PVC {self.pvcs[name][1]}"
                 for name in gone if name in self.pvcs
-                for pid in self.serving(self.pvcs[name])]  # fmt: skip
+                for pid in self.serving(*self.pvcs[name])]  # fmt: skip
 
     def audit(self) -> list[str]:
         done = self.drainctl("audit", "--json", "--volumes", str(self.stack.state / "sandboxes"))
@@ -592,7 +760,7 @@ def run_sequence(
     with ChaosStack(root, choice) as chaos:
         for move in moves:
             say(f"  step {outcome.steps + 1}: {move.line()}")
-            chaos.do(move, rng)
+            chaos.do(move, rng, model)
             model.apply(move)
             outcome.steps += 1
             outcome.faults += move.fault

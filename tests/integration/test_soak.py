@@ -41,6 +41,9 @@ pytestmark = pytest.mark.slow
 CYCLES = int(os.environ.get("DRAIN_SOAK_CYCLES", "12"))
 AGENTS = 3
 SEED = int(os.environ.get("DRAIN_SOAK_SEED", "20261202"))
+CYCLE_BUDGET_SECS = 30
+"""The test's time limit per cycle (a cycle takes about 5 s): the suite's 180 s limit
+would stop the long mode after a few dozen cycles."""
 
 
 def finished(stack: Stack, op_id: str) -> OperationView | None:
@@ -48,6 +51,7 @@ def finished(stack: Stack, op_id: str) -> OperationView | None:
     return op if op is not None and op.terminal else None
 
 
+@pytest.mark.timeout(max(180, CYCLES * CYCLE_BUDGET_SECS))
 def test_soak_drain_resume_cycles_with_random_kills_lose_and_duplicate_nothing(
     tmp_short: Path,
 ) -> None:

@@ -68,8 +68,13 @@ def test_a_plan_is_the_same_for_the_same_seed_and_sequence_and_valid_at_each_ste
     assert first != plan(11, 1, 200)
     model = Model()
     for move in first:
-        if move.kind in ("create", "create-suspended"):
+        if move.kind in chaos.CREATES:
             assert move.task not in model.tasks and move.task not in model.deleted
+            if move.kind == "restore":  # a deleted task that ran, restored once
+                assert move.source in model.deleted and move.source in model.restorable
+                assert move.namespace == model.restorable[move.source].namespace
+        elif move.kind == "delete-namespace":
+            assert move.namespace in model.namespaces and move.namespace != chaos.NAMESPACE
         elif move.task is not None:
             assert move.task in model.tasks, move
         model.apply(move)
@@ -77,6 +82,49 @@ def test_a_plan_is_the_same_for_the_same_seed_and_sequence_and_valid_at_each_ste
     kinds = {m.kind for m in first}
     assert kinds & set(chaos.FAULTS) and kinds & set(chaos.USER_ACTIONS)
     assert replayable(first) == first
+
+
+def test_every_move_comes_up_in_the_plans_of_a_few_seeds() -> None:
+    """Tried: 10 seeds' first sequences of 60 steps: each user action and each fault is
+    planned somewhere (a move the planner never picks would never be tried)."""
+    kinds = {m.kind for seed in range(10) for m in plan(seed, 0, 60)}
+    assert set(chaos.USER_ACTIONS) | set(chaos.FAULTS) <= kinds, (
+        set(chaos.USER_ACTIONS) | set(chaos.FAULTS)
+    ) - kinds
+
+
+def test_a_namespace_deletion_deletes_its_tasks_and_their_checkpoints_restore_no_more() -> None:
+    """Tried: t0 in ns0 deleted and restorable, t1 and t2 in ns0 live, t3 in default: the
+    namespace's deletion deletes t1 and t2, leaves t3, and t0 can no longer be restored
+    (its checkpoint's workspace went with the namespace)."""
+    model = Model()
+    for move in [Move("create", "t0", 1, "ns0"), Move("delete", "t0", namespace="ns0"),
+                 Move("create", "t1", 1, "ns0"), Move("create-idle", "t2", 2, "ns0"),
+                 Move("create", "t3", 1)]:  # fmt: skip
+        model.apply(move)
+    assert set(model.restorable) == {"t0"}
+    model.apply(Move("delete-namespace", namespace="ns0"))
+    assert set(model.tasks) == {"t3"} and model.deleted == ["t0", "t1", "t2"]
+    assert model.restorable == {} and model.namespaces == []
+    assert replayable([Move("delete-namespace", namespace="ns0")]) == []
+
+
+def test_a_prune_keeping_0_ends_restores_and_an_idle_task_settles_suspended() -> None:
+    model = Model()
+    for move in [Move("create-idle", "t0", 2), Move("delete", "t0"), Move("create", "t1", 1)]:
+        model.apply(move)
+    model.apply(Move("restore", "t2", 2, source="t0"))
+    assert model.tasks["t2"].idle and model.tasks["t2"].wants_suspended
+    assert not model.tasks["t2"].suspended  # idle, not asked to suspend
+    model.apply(Move("delete", "t1"))
+    model.apply(Move("prune", value=1))
+    assert set(model.restorable) == {"t1"}
+    model.apply(Move("prune", value=0))
+    assert model.restorable == {}
+    # A restore whose source was never deleted (its delete dropped by a shrink) goes too.
+    assert replayable([Move("create", "t0", 1), Move("restore", "t1", 1, source="t0")]) == [
+        Move("create", "t0", 1)
+    ]
 
 
 def test_a_shortened_plan_drops_what_no_longer_makes_sense() -> None:
