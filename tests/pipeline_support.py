@@ -8,10 +8,8 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +19,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-import redis
 
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import upgrade
@@ -32,13 +29,15 @@ from orchestrator.testing import (
     flushed_redis,
     fresh_ledger,
 )
-from tests.support import DaemonProcess, wait_until
+from orchestrator.testing.servers import PostgresServer, RedisServer, free_port
+from tests.support import DaemonProcess
 
 __all__ = [
     "BROKERS",
     "LEDGER_TABLES",
     "PipelineBroker",
     "Stack",
+    "free_port",
     "fresh_postgres",
     "fresh_sqlite",
     "pipeline_broker",
@@ -62,12 +61,6 @@ AMQP_HINT = (
 )
 BROKERS = ("redis", "amqp")
 """The brokers the pipeline runs on; the broker-path tests run on each."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_db_url(db: int = 9, port: int = REDIS_PORT) -> str:
@@ -156,90 +149,30 @@ def fresh_sqlite(directory: Path) -> str:
 @contextlib.contextmanager
 def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes], int]]:
     """A Redis server of our own on a free port, for tests that restart it."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = start_redis(port)
     try:
-        yield f"redis://127.0.0.1:{port}/0", proc, port
+        server = RedisServer()
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    proc = server.start()
+    try:
+        yield server.url(), proc, server.port
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
 
 
 def start_redis(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-    def up() -> bool:
-        try:
-            return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
-        except redis.ConnectionError:
-            return False
-
-    wait_until(up, 15, f"redis on port {port}")
-    return proc
+    return RedisServer(port).start()
 
 
-class PrivatePostgres:
+class PrivatePostgres(PostgresServer):
     """A PostgreSQL server of our own on a free port, for tests that stop and start it:
     stopping the machine's server would fail whatever the other xdist worker runs."""
 
     def __init__(self) -> None:
-        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
-        if not bins:
-            pytest.skip("PostgreSQL's server binaries are not installed (/usr/lib/postgresql)")
-        self.bin = bins[-1].parent
-        self.port = free_port()
-        self.data = Path(tempfile.mkdtemp(prefix="drain-pg-"))
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-        self.proc: subprocess.Popen[bytes] | None = None
-        # The server refuses to run as root: as root, it runs as the postgres user.
-        self.as_postgres: list[str] = []
-        if os.geteuid() == 0:
-            shutil.chown(self.data, "postgres", "postgres")
-            self.as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
-        subprocess.run(
-            [*self.as_postgres, str(self.bin / "initdb"), f"--pgdata={self.data}",
-             "--username=postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
-             "--no-sync"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-
-    def start(self) -> None:
-        import sqlalchemy as sa
-
-        self.proc = subprocess.Popen(
-            [*self.as_postgres, str(self.bin / "postgres"), "-D", str(self.data),
-             "-k", str(self.data), "-p", str(self.port),
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-
-        def answers() -> bool:
-            engine = sa.create_engine(self.url)
-            try:
-                with engine.connect() as conn:
-                    return bool(conn.execute(sa.text("SELECT 1")).scalar_one() == 1)
-            except sa.exc.OperationalError:
-                return False  # not listening yet, or still starting up
-            finally:
-                engine.dispose()
-
-        wait_until(answers, 30, f"PostgreSQL on port {self.port} to answer")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGINT)  # a fast shutdown
-            self.proc.wait(60)
-            self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.data, ignore_errors=True)
+        try:
+            super().__init__()
+        except ServerUnavailable as exc:
+            pytest.skip(str(exc))
 
 
 @contextlib.contextmanager

@@ -14,7 +14,9 @@ annotation, a scale, an edit of the env or the image (each rolls the pod), ``dra
 ledger prune``. The faults: SIGKILL or SIGSTOP/SIGCONT of the operator, the
 orchestrator worker, a task's daemon or one of its agents; SIGKILL of its consumer; an
 eviction (the pod stopped gracefully) and a lost node (the pod's whole tree SIGKILLed
-at once). Every timing setting is the default.
+at once); the whole stack SIGKILLed and started again on its state (its embedded API and
+broker included); its Redis broker or PostgreSQL ledger (servers of the run's own) down
+for 2-20 s and started again. Every timing setting is the default.
 
 After each step, once the stack has had ``settle_secs`` (derived from the settings) to
 converge, the oracle:
@@ -61,9 +63,9 @@ from orchestrator.settings import Settings
 from orchestrator.testing import (
     DevStackProcess,
     ServerUnavailable,
-    flushed_redis,
     fresh_ledger,
 )
+from orchestrator.testing.servers import PostgresServer, RedisServer
 from worker_agent import layout, transcript
 from worker_agent.children import descendants
 from worker_agent.reaper import KILL_TREE
@@ -74,11 +76,6 @@ NAMESPACE = "default"
 MAX_TASKS = 5
 MODEL = "turns=100000,turn_ms=300"
 """Each agent works a turn every 0.3 s for as long as the sequence lasts."""
-REDIS_PORT = 6379
-REDIS_DB = 2
-"""A database no test or benchmark uses, so a run beside them touches none of theirs."""
-POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-CHAOS_DATABASE = "caliban_chaos"
 SHRINK_REPLAYS = 6
 STOP_SECS = (2, 20)
 """How long a SIGSTOPped process stays stopped (seconds, drawn in this range)."""
@@ -100,7 +97,7 @@ USER_ACTIONS = ("create", "create-suspended", "create-idle", "restore", "delete"
                 "scale", "edit-env", "edit-image", "prune")  # fmt: skip
 FAULTS = ("kill-operator", "stop-operator", "kill-worker", "stop-worker", "kill-daemon",
           "stop-daemon", "kill-consumer", "kill-agent", "stop-agent", "evict",
-          "node-loss")  # fmt: skip
+          "node-loss", "restart-stack", "restart-broker", "restart-database")  # fmt: skip
 CREATES = ("create", "create-suspended", "create-idle", "restore")
 
 
@@ -138,6 +135,14 @@ class StackChoice:
             snapshots=rng.random() < 0.5,
             broker=rng.choice(("embedded", "redis")),
             ledger=rng.choice(("sqlite", "postgresql")),
+        )
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The servers of the stack's own that a fault may restart: a Redis broker, a
+        PostgreSQL ledger (the embedded broker and SQLite go only with the stack)."""
+        return (("broker",) if self.broker == "redis" else ()) + (
+            ("database",) if self.ledger == "postgresql" else ()
         )
 
     def line(self) -> str:
@@ -203,6 +208,8 @@ class Model:
     restorable: dict[str, TaskModel] = field(default_factory=dict)
     """Deleted tasks that ran, by name, whose latest checkpoint no restore took yet and
     no prune released."""
+    servers: tuple[str, ...] = ()
+    """``StackChoice.servers``: what ``restart-broker`` and ``restart-database`` restart."""
 
     def choose(self, rng: random.Random) -> Move:
         """A move valid now, user actions three times as likely as faults."""
@@ -235,9 +242,11 @@ class Model:
             options += [Move("resume", name), Move("wake", name)]
         if self.deleted:  # a prune's work: the checkpoints of deleted tasks
             options.append(Move("prune", value=rng.choice((0, 1))))
-        faults = [Move("kill-operator"), Move("kill-worker"),
+        faults = [Move("kill-operator"), Move("kill-worker"), Move("restart-stack"),
                   Move("stop-operator", None, rng.randint(*STOP_SECS)),
                   Move("stop-worker", None, rng.randint(*STOP_SECS))]  # fmt: skip
+        faults += [Move(f"restart-{server}", None, rng.randint(*STOP_SECS))
+                   for server in self.servers]  # fmt: skip
         for name in running:
             faults += [Move("kill-daemon", name), Move("kill-consumer", name),
                        Move("kill-agent", name), Move("evict", name), Move("node-loss", name),
@@ -290,7 +299,7 @@ class Model:
 def plan(seed: int, sequence: int, steps: int) -> list[Move]:
     """The moves of sequence ``sequence`` of ``seed``: the same for the same three."""
     rng = random.Random(f"moves-{seed}-{sequence}")
-    model = Model()
+    model = Model(servers=StackChoice.of_seed(seed).servers)
     moves = []
     for _ in range(steps):
         move = model.choose(rng)
@@ -397,14 +406,17 @@ class ChaosStack:
     def __init__(self, root: Path, choice: StackChoice) -> None:
         self.root = root
         self.choice = choice
+        self.redis: RedisServer | None = None
+        self.postgres: PostgresServer | None = None
         env: dict[str, str] = {}
         if choice.broker == "redis":
-            url = flushed_redis(REDIS_PORT, REDIS_DB)
-            env |= {"DRAIN_BROKER_URL": url, "DRAIN_RESULT_BACKEND": url}
-        database = f"sqlite:///{root / 'ledger.db'}"
+            (root / "redis").mkdir()
+            self.redis = RedisServer(directory=root / "redis", persistent=True)
+            env |= {"DRAIN_BROKER_URL": self.redis.url(), "DRAIN_RESULT_BACKEND": self.redis.url()}
+        env["DRAIN_DATABASE_URL"] = f"sqlite:///{root / 'ledger.db'}"
         if choice.ledger == "postgresql":
-            database = fresh_ledger(chaos_database())
-        env["DRAIN_DATABASE_URL"] = database
+            self.postgres = PostgresServer()
+            env["DRAIN_DATABASE_URL"] = self.postgres.url
         images = (f"{EDIT_IMAGE}:{k}" for k in range(1, EDIT_IMAGES + 1))
         env["DRAIN_ALLOWED_IMAGES"] = ",".join(images)
         extra = () if choice.snapshots else ("--no-snapshots",)
@@ -415,15 +427,26 @@ class ChaosStack:
 
     def __enter__(self) -> ChaosStack:
         try:
+            if self.redis is not None:
+                self.redis.start()
+            if self.postgres is not None:
+                self.postgres.start()
+                fresh_ledger(self.postgres.url)
             self.stack.start(120)
         except BaseException:  # not ready in time, or Ctrl-C while it starts
-            if self.stack.proc is not None:
-                self.stack.stop(120)
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stack.stop(120)
+        try:
+            if self.stack.proc is not None:
+                self.stack.stop(120)
+        finally:
+            if self.redis is not None:
+                self.redis.stop(graceful=False)
+            if self.postgres is not None:
+                self.postgres.close()
 
     @property
     def volumes(self) -> Path:
@@ -515,6 +538,10 @@ class ChaosStack:
             self.patch(name, namespace, {"spec": {"task": {"image": f"{EDIT_IMAGE}:{move.value}"}}})
         elif move.kind == "prune":
             self.drainctl("ledger", "prune", "--keep", str(move.value))
+        elif move.kind == "restart-stack":
+            self.restart()
+        elif move.kind in ("restart-broker", "restart-database"):
+            self.restart_server(move)
         elif move.kind in ("kill-operator", "kill-worker", "stop-operator", "stop-worker"):
             which = "operator" if "operator" in move.kind else "worker"
             pids = [p for p in self.processes("orchestrator.cli", which)
@@ -557,6 +584,30 @@ class ChaosStack:
         if checkpoint is None or not checkpoint.available:
             return None
         return checkpoint.ref
+
+    def restart(self) -> None:
+        """The whole stack SIGKILLed (its embedded API and broker, the operator, the
+        worker, every pod: a control plane and its node lost at once), then started again
+        on the same state dir, as ``drainctl dev up`` is after a crash: the API's objects,
+        the workspace volumes and the ledger are what they were; the embedded broker's
+        messages are gone."""
+        self.stack.note_descendants()
+        self.stack.signal(signal.SIGKILL)
+        self.stack.reap(0)
+        self.stack.start(120)
+
+    def restart_server(self, move: Move) -> None:
+        """The Redis broker stopped (SIGTERM: it writes its append-only file) or the
+        PostgreSQL ledger stopped (a fast shutdown), down for the move's seconds, then
+        started again on its data: what a restart of either looks like to the stack."""
+        server = self.redis if move.kind == "restart-broker" else self.postgres
+        if server is None:
+            return
+        server.stop()
+        try:
+            time.sleep(move.value or STOP_SECS[0])
+        finally:
+            server.start()
 
     def hurt(self, move: Move, pids: Sequence[int]) -> None:
         """SIGKILL ``pids``, or SIGSTOP them for the move's seconds and then SIGCONT."""
@@ -612,8 +663,12 @@ class ChaosStack:
         return wrong
 
     def left_running(self, model: Model) -> list[str]:
-        """Processes still serving the workspace of a deleted task that is gone."""
-        gone = [n for n in model.deleted if n not in self.tasks()]
+        """Processes still serving the workspace of a deleted task that is gone, unless
+        a live task works on it now (a restore without snapshots claims the PVC)."""
+        tasks = self.tasks()
+        claimed = {(t["metadata"].get("namespace"), (t.get("status") or {}).get("pvcName"))
+                   for t in tasks.values()}  # fmt: skip
+        gone = [n for n in model.deleted if n not in tasks and self.pvcs.get(n) not in claimed]
         return [f"{name}: pid {pid} still serves its PVC {self.pvcs[name][1]}"
                 for name in gone if name in self.pvcs
                 for pid in self.serving(*self.pvcs[name])]  # fmt: skip
@@ -653,27 +708,6 @@ def signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def chaos_database() -> str:
-    """A PostgreSQL database of the harness's own (made if missing), so a run never
-    touches another's tables."""
-    import sqlalchemy as sa
-
-    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            exists = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :d"),
-                                  {"d": CHAOS_DATABASE}).scalar()  # fmt: skip
-            if not exists:
-                conn.execute(sa.text(f'CREATE DATABASE "{CHAOS_DATABASE}"'))
-    except sa.exc.OperationalError:
-        raise ServerUnavailable(
-            f"the seed picks a PostgreSQL ledger and none answers at {POSTGRES}"
-        ) from None
-    finally:
-        admin.dispose()
-    return POSTGRES.rsplit("/", 1)[0] + f"/{CHAOS_DATABASE}"
 
 
 # -------------------------------------------------------------------------- runs
