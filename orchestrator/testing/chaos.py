@@ -604,10 +604,8 @@ class ChaosStack:
         if server is None:
             return
         server.stop()
-        try:
-            time.sleep(move.value or STOP_SECS[0])
-        finally:
-            server.start()
+        time.sleep(move.value or STOP_SECS[0])  # interrupted here: the run stops it all
+        server.start()
 
     def hurt(self, move: Move, pids: Sequence[int]) -> None:
         """SIGKILL ``pids``, or SIGSTOP them for the move's seconds and then SIGCONT."""

@@ -74,7 +74,8 @@ class RedisServer:
 
 class PostgresServer:
     """A PostgreSQL cluster of its own in a temporary directory, on a free port; as root
-    it runs as the ``postgres`` user (the server refuses root)."""
+    it runs as the ``postgres`` user (the server refuses root, and the directory is in
+    the system's temporary directory, which that user can reach)."""
 
     def __init__(self) -> None:
         bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
