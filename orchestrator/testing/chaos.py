@@ -51,9 +51,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -92,13 +94,17 @@ IDLE_TIMEOUT = "20s"
 """An idle task's ``lifecycle.idleTimeout``: it pauses itself that long after its agents
 went idle, and after every wake."""
 
-USER_ACTIONS = ("create", "create-suspended", "create-idle", "restore", "delete",
+USER_ACTIONS = ("create", "create-suspended", "create-idle", "create-workspace", "restore",
+                "delete",
                 "delete-namespace", "suspend", "resume", "pause", "wake", "wake-annotation",
                 "scale", "edit-env", "edit-image", "prune")  # fmt: skip
 FAULTS = ("kill-operator", "stop-operator", "kill-worker", "stop-worker", "kill-daemon",
           "stop-daemon", "kill-consumer", "kill-agent", "stop-agent", "evict",
           "node-loss", "restart-stack", "restart-broker", "restart-database")  # fmt: skip
-CREATES = ("create", "create-suspended", "create-idle", "restore")
+CREATES = ("create", "create-suspended", "create-idle", "create-workspace", "restore")
+SHAPES = {"create": "plain", "create-suspended": "plain", "create-idle": "idle",
+          "create-workspace": "workspace"}  # fmt: skip
+"""What a create makes (a restore makes what its source was)."""
 
 
 def quiet_secs(settings: Settings) -> float:
@@ -187,8 +193,15 @@ class TaskModel:
     started: bool
     """Whether it ever ran (a task created suspended has no checkpoint to wake from)."""
     namespace: str = NAMESPACE
-    idle: bool = False
-    """Its agents go idle and its ``idleTimeout`` pauses it: it settles Suspended."""
+    shape: str = "plain"
+    """``plain``: scripted agents that work on; ``idle``: scripted agents that go idle,
+    and an ``idleTimeout`` that pauses the task (it settles Suspended); ``workspace``:
+    caliban-operator's shape, bound to a Workspace (its git source cloned by the pod's init
+    container, its provider a model server of the run's own)."""
+
+    @property
+    def idle(self) -> bool:
+        return self.shape == "idle"
 
     @property
     def wants_suspended(self) -> bool:
@@ -223,7 +236,7 @@ class Model:
             namespace = rng.choice([NAMESPACE, NAMESPACE, *self.namespaces,
                                     f"ns{self.namespaces_made}"])  # fmt: skip
             options += [Move(kind, name, rng.randint(1, 3), namespace)
-                        for kind in ("create", "create-suspended", "create-idle")]  # fmt: skip
+                        for kind in SHAPES]  # fmt: skip
             for source in sorted(self.restorable):
                 was = self.restorable[source]
                 options.append(Move("restore", name, was.agents, was.namespace, source))
@@ -261,11 +274,11 @@ class Model:
         if move.kind in CREATES:
             assert move.task is not None and move.value is not None
             suspended = move.kind == "create-suspended"
-            idle = move.kind == "create-idle"
+            shape = SHAPES.get(move.kind, "plain")
             if move.kind == "restore":
-                idle = self.restorable.pop(str(move.source)).idle
+                shape = self.restorable.pop(str(move.source)).shape
             self.tasks[move.task] = TaskModel(move.value, suspended, not suspended,
-                                              move.namespace, idle)  # fmt: skip
+                                              move.namespace, shape)  # fmt: skip
             self.created += 1
             if move.namespace != NAMESPACE and move.namespace not in self.namespaces:
                 self.namespaces.append(move.namespace)
@@ -377,6 +390,8 @@ def session_turns(session_dir: Path) -> list[str]:
         session = load_session(session_dir)
     except SessionError as exc:
         return [f"{session_dir}: unreadable session ({exc})"]
+    if session.extra.get("provider") != "scripted":
+        return []  # a model server's conversation: its prompts are the user's own
     prompts = [message_text(m) for m in session.messages if m.get("role") == "user"]
     numbers = [p.removeprefix("scripted prompt ") for p in prompts]
     if numbers != [str(k) for k in range(1, len(numbers) + 1)]:
@@ -395,6 +410,55 @@ def turns_on_disk(volumes: Path) -> TurnCount:
             total.duplicated += count.duplicated
             total.problems += count.problems + session_turns(agent)
     return total
+
+
+# ------------------------------------------------------------ a workspace's world
+
+WORKSPACE = "chaos-ws"
+
+
+class ModelServer(ThreadingHTTPServer):
+    """An OpenAI-compatible chat-completions endpoint on 127.0.0.1 for the workspace-
+    shaped tasks' agents: each answer names the turn it answers."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ModelHandler)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _ModelHandler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        asked = sum(m.get("role") == "user" for m in body.get("messages") or [])
+        reply = {"role": "assistant", "content": f"the local model answers turn {asked}"}
+        answer = json.dumps({"choices": [{"message": reply}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer.encode())
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def source_repository(path: Path) -> None:
+    """A bare git repository at ``path`` with one commit: the Workspace's source."""
+    work = path.with_name(path.name + ".work")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "chaos", "GIT_AUTHOR_EMAIL": "chaos@localhost",
+           "GIT_COMMITTER_NAME": "chaos", "GIT_COMMITTER_EMAIL": "chaos@localhost"}  # fmt: skip
+    work.mkdir()
+    (work / "README").write_text("the chaos workspace's source\n")
+    for argv in (["git", "init", "-q", "-b", "main", str(work)],
+                 ["git", "-C", str(work), "add", "README"],
+                 ["git", "-C", str(work), "commit", "-q", "-m", "source"],
+                 ["git", "clone", "-q", "--bare", str(work), str(path)]):  # fmt: skip
+        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=60)
 
 
 # ------------------------------------------------------------------------- stack
@@ -424,6 +488,7 @@ class ChaosStack:
         self.stack = DevStackProcess(root, *extra, env=env)
         self.pvcs: dict[str, tuple[str, str]] = {}
         """Each deleted task's (namespace, PVC), for ``left_running``."""
+        self.models: ModelServer | None = None
 
     def __enter__(self) -> ChaosStack:
         try:
@@ -443,6 +508,9 @@ class ChaosStack:
             if self.stack.proc is not None:
                 self.stack.stop(120)
         finally:
+            if self.models is not None:
+                self.models.shutdown()
+                self.models.server_close()
             if self.redis is not None:
                 self.redis.stop(graceful=False)
             if self.postgres is not None:
@@ -507,9 +575,7 @@ class ChaosStack:
         namespace = move.namespace if move.kind in CREATES else model.namespace_of(name)
         if move.kind in CREATES:
             was = model.restorable.get(str(move.source))
-            self.create(
-                move, namespace, move.kind == "create-idle" or (was is not None and was.idle)
-            )
+            self.create(move, namespace, SHAPES.get(move.kind) or (was.shape if was else "plain"))
         elif move.kind == "delete":
             if pvc := self.pvc_of(name):
                 self.pvcs[name] = (namespace, pvc)
@@ -550,12 +616,12 @@ class ChaosStack:
         else:
             self.hurt_pod(move, name, namespace, rng)
 
-    def create(self, move: Move, namespace: str, idle: bool) -> None:
+    def create(self, move: Move, namespace: str, shape: str) -> None:
         if namespace != NAMESPACE:
             self.kubectl("create", "namespace", namespace)  # already there: refused, fine
         spec: dict[str, Any] = {
             "task": {"agents": move.value, "provider": "scripted",
-                     "model": IDLE_MODEL if idle else MODEL},
+                     "model": IDLE_MODEL if shape == "idle" else MODEL},
         }  # fmt: skip
         if move.kind == "create-suspended":
             spec["lifecycle"] = {"suspend": True}
@@ -563,13 +629,38 @@ class ChaosStack:
             ref = self.restorable_checkpoint(namespace, str(move.source))
             if ref is not None:
                 spec["resumeFrom"] = {"checkpointRef": ref}
-        if idle:
+        if shape == "idle":
             spec["lifecycle"] = {"idleTimeout": IDLE_TIMEOUT}
+        if shape == "workspace":
+            self.kubectl("apply", "-f", "-", stdin=json.dumps(self.workspace(namespace)))
+            spec["workspaceRef"] = {"name": WORKSPACE}
+            spec["providerRef"] = "local"
+            spec["task"] = {"agents": move.value, "prompt": "begin"}
         manifest = {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
             "metadata": {"name": move.task, "namespace": namespace}, "spec": spec,
         }  # fmt: skip
         self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def workspace(self, namespace: str) -> dict[str, Any]:
+        """The Workspace of ``namespace``'s workspace-shaped tasks, as caliban-operator's
+        sample writes one: a git source (a repository of the run's own) and a provider
+        (an OpenAI-compatible model server of the run's own, on 127.0.0.1)."""
+        if self.models is None:
+            self.models = ModelServer()
+            threading.Thread(target=self.models.serve_forever, daemon=True).start()
+            source_repository(self.root / "source.git")
+        return {
+            "apiVersion": f"{GROUP}/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": WORKSPACE, "namespace": namespace},
+            "spec": {
+                "displayName": "chaos",
+                "sources": [{"name": "app", "repo": f"file://{self.root / 'source.git'}",
+                             "path": "/work/app"}],
+                "providers": [{"name": "local", "kind": "openai-compatible",
+                               "baseUrl": self.models.base_url, "model": "chaos"}],
+            },
+        }  # fmt: skip
 
     def restorable_checkpoint(self, namespace: str, source: str) -> str | None:
         """The latest checkpoint of the deleted task ``source``, or None when it has none
