@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import socket
 import time
+from pathlib import Path
 
 from orchestrator.devcluster.apiserver import DevClusterError
 
@@ -30,6 +31,47 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
+
+
+PORT_FILE = "embedded-broker-port"
+"""Where a dev stack keeps its embedded broker's port, in its state dir."""
+PORT_FREED_WITHIN_SECS = 10.0
+"""How long a restarted stack waits for its old broker's port to be free."""
+
+
+def kept_port(state_dir: Path) -> int:
+    """The embedded broker's port for the stack whose state is ``state_dir``: the one it
+    had before when it is free again, else a new one (kept for the next start).
+
+    A restarted stack's pods read the broker URL from the Secret its operator wrote, at
+    their start: the pods that the restarted Sandbox controller brings back at once,
+    before the operator's first pass, would read the old one. On another port they would
+    retry a dead address for ever, and their tasks never resume."""
+    path = state_dir / PORT_FILE
+    try:
+        port = int(path.read_text())
+    except (OSError, ValueError):
+        port = 0
+    deadline = time.monotonic() + PORT_FREED_WITHIN_SECS
+    while port and not _bindable(port):
+        if time.monotonic() > deadline:  # taken by something else: a new one
+            port = 0
+            break
+        time.sleep(0.1)  # the killed stack's broker may still be exiting
+    if not port:
+        port = free_port()
+        path.write_text(f"{port}\n")
+    return port
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_serving(port: int, within: float = 30.0) -> None:

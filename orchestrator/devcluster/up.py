@@ -316,7 +316,7 @@ async def run_dev_up(
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
-    embedded_port = None if "DRAIN_BROKER_URL" in os.environ else broker.free_port()
+    embedded_port = None if "DRAIN_BROKER_URL" in os.environ else broker.kept_port(state_dir)
     env = stack_environment(state_dir, kubeconfig, embedded_port)
     embedded: KeptProcess | None = None
     if embedded_port is not None:

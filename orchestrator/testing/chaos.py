@@ -8,7 +8,8 @@ or Redis, a SQLite or a PostgreSQL ledger), and for each sequence, on a fresh st
 to ``MAX_TASKS`` tasks (in ``default`` and in namespaces of the sequence's own) driven
 through ``M`` steps, each a user action or a fault. The user actions: create (running,
 created suspended, idle: agents that finish and an ``idleTimeout`` that pauses the task,
-or a restore of a deleted task's latest checkpoint), delete, delete the namespace,
+caliban-operator's shape bound to a Workspace, or a restore of a deleted task's latest
+checkpoint), delete, delete the namespace,
 suspend and resume through the spec, ``drainctl pause`` and ``wake``, the wake
 annotation, a scale, an edit of the env or the image (each rolls the pod), ``drainctl
 ledger prune``. The faults: SIGKILL or SIGSTOP/SIGCONT of the operator, the

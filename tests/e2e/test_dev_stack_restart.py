@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.devcluster import broker
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import fresh_postgres, redis_db_url
 from tests.support import wait_until
@@ -158,6 +159,44 @@ def test_a_sigkilled_dev_up_leaves_nothing_running_and_its_restart_has_the_same_
         assert checkpoint.task_uid == task["metadata"]["uid"]
         assert checkpoint.reason == "delete"
         print(f"checkpoint: {checkpoint.ref} forced={checkpoint.forced} agents={checkpoint.agents}")
+    finally:
+        if second is not None:
+            second.close()
+        first.close()
+
+
+def test_a_restarted_dev_up_keeps_its_embedded_broker_where_its_pods_look_for_it(
+    root: Path,
+) -> None:
+    """Tried: ``drainctl dev up`` on its embedded broker (the default), a task Running,
+    the stack SIGKILLed and started again on its state. Its Sandbox controller brings the
+    task's pod back at once, before the operator's first pass: the pod reads the broker
+    URL from the Secret the first stack's operator wrote. The broker listens where it did,
+    so the pod's consumer connects, and a pause drains the task into a checkpoint (on
+    another port, found by the chaos harness's seed 302, the consumer retried a dead
+    address for ever and the task never came back)."""
+    database = f"sqlite:///{root / 'ledger.db'}"
+    first = DevStack(root, None, database)
+    second: DevStack | None = None
+    try:
+        assert first.apply(task_manifest("steady", agents=1)).returncode == 0
+        first.wait_phase("default", "steady", "Running")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        first.reap(0)
+
+        second = DevStack(root, None, database)
+        pvc = second.pvc_of("steady")
+        before = max(second.turns_on_disk(pvc).values())
+        second.wait_turns(pvc, 1, before + 3)  # its agent works on under the new stack
+        paused = second.kubectl("patch", "ctask", "steady", "--type=merge",
+                                "-p", '{"spec": {"lifecycle": {"suspend": true}}}')  # fmt: skip
+        assert paused.returncode == 0, paused.stderr
+        second.wait_phase("default", "steady", "Suspended", timeout=180)
+        assert second.status("default", "steady").get("checkpointRef")
+        port = int((second.state / broker.PORT_FILE).read_text())
+        pod_log = second.state / "sandboxes" / "logs" / "default.steady-sbx.log"
+        assert f"Connected to redis://:**@127.0.0.1:{port}/0" in pod_log.read_text()
     finally:
         if second is not None:
             second.close()
