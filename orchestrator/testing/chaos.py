@@ -606,7 +606,7 @@ class ChaosStack:
         elif move.kind == "prune":
             self.drainctl("ledger", "prune", "--keep", str(move.value))
         elif move.kind == "restart-stack":
-            self.restart()
+            self.restart(settle_secs(Settings()))
         elif move.kind in ("restart-broker", "restart-database"):
             self.restart_server(move)
         elif move.kind in ("kill-operator", "kill-worker", "stop-operator", "stop-worker"):
@@ -677,12 +677,20 @@ class ChaosStack:
             return None
         return checkpoint.ref
 
-    def restart(self) -> None:
+    def restart(self, bound: float) -> None:
         """The whole stack SIGKILLed (its embedded API and broker, the operator, the
         worker, every pod: a control plane and its node lost at once), then started again
         on the same state dir, as ``drainctl dev up`` is after a crash: the API's objects,
-        the workspace volumes and the ledger are what they were; the embedded broker's
-        messages are gone."""
+        the workspace volumes and the ledger are what they were.
+
+        The embedded broker keeps its messages in memory: an operation in flight at the
+        crash waits for its deadline (minutes past the settle bound; docs/reliability.md),
+        so on that broker the crash comes once no operation is in flight (within
+        ``bound``). A Redis broker keeps its messages, and the crash comes at once."""
+        if self.choice.broker == "embedded":
+            deadline = time.monotonic() + bound
+            while self.operations_in_flight() and time.monotonic() < deadline:
+                time.sleep(1.0)
         self.stack.note_descendants()
         self.stack.signal(signal.SIGKILL)
         self.stack.reap(0)
@@ -770,6 +778,15 @@ class ChaosStack:
         except ValueError:
             return [f"drainctl audit exited {done.returncode}: {done.stderr.strip()[-300:]}"]
         return [f"{f['kind']} {f['subject']}: {f['message']}" for f in report.get("findings", [])]
+
+    def operations_in_flight(self) -> list[str]:
+        from orchestrator.ledger import Ledger
+
+        ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
+        try:
+            return [o.id for o in ledger.list_operations(limit=1000) if not o.terminal]
+        finally:
+            ledger.dispose()
 
     def duplicate_checkpoints(self) -> list[str]:
         from orchestrator.ledger import Ledger
