@@ -65,6 +65,16 @@ def alive(processes: dict[int, float]) -> list[str]:
     return found
 
 
+def stopped(processes: dict[int, float]) -> list[int]:
+    """Those of ``processes`` stopped (SIGSTOP)."""
+    found = []
+    for pid in processes:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                found.append(pid)
+    return found
+
+
 def scratch_of(processes: dict[int, float]) -> set[Path]:
     """The chaos scratch directories named in these processes' command lines."""
     found = set()
@@ -113,17 +123,19 @@ def test_a_seeded_sequence_on_the_dev_stack_finds_nothing(seed: int) -> None:
 
 @pytest.mark.timeout(1200)
 def test_ctrl_c_stops_everything_the_run_started(tmp_path: Path) -> None:
-    """Tried: SIGINT (Ctrl-C) while seed 343's sixth step has its Redis broker down (for
-    12 s): exit 130 in one line, no process of its stack or its servers left, its scratch
-    directory gone."""
+    """Tried: SIGINT (Ctrl-C) while seed 230's second step holds a workspace-shaped task's
+    daemon SIGSTOPped (for 20 s), its ledger a PostgreSQL server of the run's own: exit
+    130 in one line, no process of its stack or its servers left, its scratch directory
+    gone."""
     log = tmp_path / "chaos.log"
     with log.open("w") as out:
-        run = subprocess.Popen([*CHAOS, "--seed", "343", "--sequences", "1", "--steps", "7"],
+        run = subprocess.Popen([*CHAOS, "--seed", "230", "--sequences", "1", "--steps", "7"],
                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     started: dict[int, float] = {}
     try:
-        wait_until(lambda: "step 6: restart-broker" in log.read_text(), 900,
-                   "the run's sixth step", 0.2)  # fmt: skip
+        wait_until(lambda: "step 2: stop-daemon" in log.read_text(), 600,
+                   "the run's second step", 0.2)  # fmt: skip
+        wait_until(lambda: stopped(tree(run.pid)), 30, "the daemon to be stopped", 0.1)
         started = tree(run.pid)
         dirs = scratch_of(started)
         assert len(started) >= 5 and len(dirs) == 1, (started, dirs)  # its stack is up
