@@ -52,11 +52,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -68,7 +66,7 @@ from orchestrator.testing import (
     ServerUnavailable,
     fresh_ledger,
 )
-from orchestrator.testing.servers import PostgresServer, RedisServer
+from orchestrator.testing.servers import ModelServer, PostgresServer, RedisServer
 from worker_agent import layout, transcript
 from worker_agent.children import descendants
 from worker_agent.reaper import KILL_TREE
@@ -418,34 +416,10 @@ def turns_on_disk(volumes: Path) -> TurnCount:
 WORKSPACE = "chaos-ws"
 
 
-class ModelServer(ThreadingHTTPServer):
-    """An OpenAI-compatible chat-completions endpoint on 127.0.0.1 for the workspace-
-    shaped tasks' agents: each answer names the turn it answers."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _ModelHandler)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _ModelHandler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        asked = sum(m.get("role") == "user" for m in body.get("messages") or [])
-        reply = {"role": "assistant", "content": f"the local model answers turn {asked}"}
-        answer = json.dumps({"choices": [{"message": reply}]})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer.encode())
-
-    def log_message(self, *_: Any) -> None:
-        pass
+def model_reply(body: dict[str, Any]) -> str:
+    """The run's model server's answer: the turn it answers (the user messages so far)."""
+    asked = sum(m.get("role") == "user" for m in body.get("messages") or [])
+    return f"the local model answers turn {asked}"
 
 
 def source_repository(path: Path) -> None:
@@ -648,8 +622,7 @@ class ChaosStack:
         sample writes one: a git source (a repository of the run's own) and a provider
         (an OpenAI-compatible model server of the run's own, on 127.0.0.1)."""
         if self.models is None:
-            self.models = ModelServer()
-            threading.Thread(target=self.models.serve_forever, daemon=True).start()
+            self.models = ModelServer(model_reply).start()
             source_repository(self.root / "source.git")
         return {
             "apiVersion": f"{GROUP}/v1alpha1", "kind": "Workspace",

@@ -1,6 +1,7 @@
-"""Redis and PostgreSQL servers of a caller's own, on free ports of 127.0.0.1, for what
-stops and starts them (fault tests, the chaos harness): stopping the machine's servers
-would fail whatever else uses them.
+"""Servers of a caller's own, on free ports of 127.0.0.1: Redis and PostgreSQL, for what
+stops and starts them (fault tests, the chaos harness: stopping the machine's servers
+would fail whatever else uses them), and an OpenAI-compatible model server, for the
+agents of tasks bound to a Workspace.
 
 Each raises ``ServerUnavailable`` when its binaries are not installed; nothing here knows
 about pytest.
@@ -8,18 +9,23 @@ about pytest.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from orchestrator.devcluster.broker import free_port
 from orchestrator.testing import ServerUnavailable
 from worker_agent.testing import wait_until
 
-__all__ = ["PostgresServer", "RedisServer", "free_port"]
+__all__ = ["ModelServer", "PostgresServer", "RedisServer", "free_port"]
 
 
 class RedisServer:
@@ -131,3 +137,42 @@ class PostgresServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+class ModelServer(ThreadingHTTPServer):
+    """An OpenAI-compatible chat-completions endpoint: each request answered with
+    ``reply(body)`` and recorded in ``requests`` as (path, Authorization, body). Serves
+    from a thread of its own once ``start`` is called; ``shutdown`` stops it."""
+
+    daemon_threads = True
+
+    def __init__(self, reply: Callable[[dict[str, Any]], str]) -> None:
+        super().__init__(("127.0.0.1", 0), _ModelHandler)
+        self.reply = reply
+        self.requests: list[tuple[str, str, dict[str, Any]]] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def start(self) -> ModelServer:
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+
+class _ModelHandler(BaseHTTPRequestHandler):
+    server: ModelServer
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        self.server.requests.append((self.path, self.headers.get("Authorization", ""), body))
+        message = {"role": "assistant", "content": self.server.reply(body)}
+        answer = json.dumps({"choices": [{"message": message}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer.encode())
+
+    def log_message(self, *_: Any) -> None:
+        pass  # no line per request on stderr

@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ import pytest
 
 from orchestrator.devcluster.persistence import API_STATE_FILE
 from orchestrator.operator.crd import sandbox_name
+from orchestrator.testing.servers import ModelServer
 from tests import upstream
 from tests.e2e.support import DevStack, task_manifest
 from tests.pipeline_support import private_redis
@@ -50,35 +50,6 @@ pytestmark = [
 API_KEY = "sk-local-7f3a9c1e-never-logged"
 REPLY = "the gateway model answers"
 SANDBOXES = "sandboxes.v1beta1.agents.x-k8s.io"  # what a task with no apiVersion gets
-
-
-class ModelServer(ThreadingHTTPServer):
-    """An OpenAI-compatible chat-completions endpoint that records what it was sent."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.requests: list[tuple[str, str, dict[str, Any]]] = []  # (path, auth, body)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: ModelServer
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append((self.path, self.headers.get("Authorization", ""), body))
-        answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": REPLY}}]})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer.encode())
-
-    def log_message(self, *_: Any) -> None:
-        pass
 
 
 class BrokerRecorder(threading.Thread):
@@ -113,9 +84,7 @@ _BODY = re.compile(r'\\?"body\\?": \\?"([A-Za-z0-9+/=]{8,})')
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = ModelServer(lambda _body: REPLY).start()
     yield server
     server.shutdown()
 
