@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.operator.crd import GROUP, VERSION, WAKE_ANNOTATION
 from orchestrator.operator.lifecycle.availability import HEARTBEATS_MISSED_BEFORE_SILENT
@@ -72,6 +72,9 @@ from worker_agent.children import descendants
 from worker_agent.reaper import KILL_TREE
 from worker_agent.session import SessionError, load_session, message_text
 from worker_agent.testing import DRAINCTL
+
+if TYPE_CHECKING:
+    from orchestrator.ledger import Ledger
 
 NAMESPACE = "default"
 MAX_TASKS = 5
@@ -636,16 +639,22 @@ class ChaosStack:
             },
         }  # fmt: skip
 
-    def restorable_checkpoint(self, namespace: str, source: str) -> str | None:
-        """The latest checkpoint of the deleted task ``source``, or None when it has none
-        to restore (a deletion that saved nothing): the restore is then a plain create."""
+    @contextlib.contextmanager
+    def ledger(self) -> Iterator[Ledger]:
+        """The stack's ledger, for the oracle's reads; disposed afterwards."""
         from orchestrator.ledger import Ledger
 
         ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
         try:
-            checkpoint = ledger.latest_checkpoint(namespace, source)
+            yield ledger
         finally:
             ledger.dispose()
+
+    def restorable_checkpoint(self, namespace: str, source: str) -> str | None:
+        """The latest checkpoint of the deleted task ``source``, or None when it has none
+        to restore (a deletion that saved nothing): the restore is then a plain create."""
+        with self.ledger() as ledger:
+            checkpoint = ledger.latest_checkpoint(namespace, source)
         if checkpoint is None or not checkpoint.available:
             return None
         return checkpoint.ref
@@ -753,22 +762,12 @@ class ChaosStack:
         return [f"{f['kind']} {f['subject']}: {f['message']}" for f in report.get("findings", [])]
 
     def operations_in_flight(self) -> list[str]:
-        from orchestrator.ledger import Ledger
-
-        ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
-        try:
+        with self.ledger() as ledger:
             return [o.id for o in ledger.list_operations(limit=1000) if not o.terminal]
-        finally:
-            ledger.dispose()
 
     def duplicate_checkpoints(self) -> list[str]:
-        from orchestrator.ledger import Ledger
-
-        ledger = Ledger.from_url(self.env["DRAIN_DATABASE_URL"])
-        try:
+        with self.ledger() as ledger:
             return [str(p) for p in ledger.drain_record_problems()]
-        finally:
-            ledger.dispose()
 
 
 def _argv(pid: int) -> list[str]:
