@@ -5,7 +5,7 @@ stand-in Sandbox controller, each with the dev stack's own defaults) on Redis an
 SQLite ledger. Each repetition creates a task with N scripted agents mid-turn, then
 disrupts it, alternating an eviction (SIGTERM to the daemon: it drains its agents and
 exits) and a node loss (SIGKILL: the agents die with it), and times from the signal
-until every agent has saved a turn past the one it had when its worker stopped. The
+until every agent has saved a turn past the one it had when its pod was gone. The
 Sandbox stand-in restarts the pod, the new daemon's heartbeat shows the interrupted
 agents, and the operator resumes them through a recorded recovery operation.
 
@@ -65,7 +65,10 @@ def announced_in_order(directory: Path) -> bool:
 
 
 def gone(process: psutil.Process) -> bool:
-    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class Disrupter:
@@ -122,9 +125,14 @@ class Disrupter:
             ]["uid"]
         )
         daemon = self.daemon(volume)
+        # The daemon and everything under it (its agents, its consumer): a SIGKILLed
+        # daemon's agents get SIGTERM (their death signal) and may save the turn they
+        # are in before the pod's reaper SIGKILLs them, so the turns they stopped at are
+        # read once all of them are gone, not when the daemon is.
+        pod = [daemon, *daemon.children(recursive=True)]
         started = time.perf_counter()
         daemon.send_signal(sig)
-        wait_until(lambda: gone(daemon), 60, "the disrupted daemon to go", 0.005)
+        wait_until(lambda: all(gone(p) for p in pod), 60, "the disrupted pod to go", 0.005)
         before = saved_turns(volume)
 
         def continued() -> bool:
