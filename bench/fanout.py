@@ -85,6 +85,58 @@ class Round:
         return self.started / self.floor_window if self.floor_window else 0.0
 
 
+def delete_all(
+    names: list[str],
+    delete: Callable[[str], object],
+    list_names: Callable[[], set[str]],
+    watch_list: Callable[..., Any],
+) -> tuple[float, float, list[float]]:
+    """Delete ``names`` at once; (DELETE span, window, per-name gone) in seconds from
+    the first DELETE sent. A watch opened before the first DELETE sees each go."""
+    resource_version = watch_list(_preload_content=False)
+    version = _list_version(resource_version)
+    left = set(names)
+    gone_at: dict[str, float] = {}
+    opened = threading.Event()
+    finished = threading.Event()
+    started = 0.0
+
+    def follow() -> None:
+        # watch="true" spelled out: the client's Watch sends True, which the dev API,
+        # like ParseBool's stricter readers, does not take for a watch.
+        stream = watch_list(watch="true", resource_version=version, timeout_seconds=600,
+                            _preload_content=False)  # fmt: skip
+        opened.set()
+        try:
+            for line in iter_resp_lines(stream):
+                event = json.loads(line)
+                name = str(event["object"]["metadata"].get("name"))
+                if event["type"] == "DELETED" and name in left:
+                    gone_at[name] = time.perf_counter()
+                    left.discard(name)
+                    if not left:
+                        break
+        finally:
+            stream.close()
+            finished.set()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    opened.wait(10)
+    with ThreadPoolExecutor(SENDERS) as pool:
+        started = time.perf_counter()
+        list(pool.map(delete, names))
+        sent = time.perf_counter() - started
+    if not finished.wait(600) or left:
+        raise TimeoutError(f"{len(left)} of {len(names)} still there: {sorted(left)[:5]}")
+    follower.join(5)
+    missing = set(names) & list_names()
+    if missing:
+        raise AssertionError(f"the watch saw {sorted(missing)[:5]} go, a list still has them")
+    gone = sorted(at - started for at in gone_at.values())
+    return sent, gone[-1], gone
+
+
 class Fleet:
     def __init__(self, stack: DevStackProcess, ledger: Ledger) -> None:
         configuration = client.Configuration()
@@ -128,60 +180,8 @@ class Fleet:
                 return False
         return True
 
-    def delete_all(
-        self,
-        names: list[str],
-        delete: Callable[[str], object],
-        list_names: Callable[[], set[str]],
-        watch_list: Callable[..., Any],
-    ) -> tuple[float, float, list[float]]:
-        """Delete ``names`` at once; (DELETE span, window, per-name gone) in seconds from
-        the first DELETE sent. A watch opened before the first DELETE sees each go."""
-        resource_version = watch_list(_preload_content=False)
-        version = _list_version(resource_version)
-        left = set(names)
-        gone_at: dict[str, float] = {}
-        opened = threading.Event()
-        finished = threading.Event()
-        started = 0.0
-
-        def follow() -> None:
-            # watch="true" spelled out: the client's Watch sends True, which the dev API,
-            # like ParseBool's stricter readers, does not take for a watch.
-            stream = watch_list(watch="true", resource_version=version, timeout_seconds=600,
-                                _preload_content=False)  # fmt: skip
-            opened.set()
-            try:
-                for line in iter_resp_lines(stream):
-                    event = json.loads(line)
-                    name = str(event["object"]["metadata"].get("name"))
-                    if event["type"] == "DELETED" and name in left:
-                        gone_at[name] = time.perf_counter()
-                        left.discard(name)
-                        if not left:
-                            break
-            finally:
-                stream.close()
-                finished.set()
-
-        follower = threading.Thread(target=follow, daemon=True)
-        follower.start()
-        opened.wait(10)
-        with ThreadPoolExecutor(SENDERS) as pool:
-            started = time.perf_counter()
-            list(pool.map(delete, names))
-            sent = time.perf_counter() - started
-        if not finished.wait(600) or left:
-            raise TimeoutError(f"{len(left)} of {len(names)} still there: {sorted(left)[:5]}")
-        follower.join(5)
-        missing = set(names) & list_names()
-        if missing:
-            raise AssertionError(f"the watch saw {sorted(missing)[:5]} go, a list still has them")
-        gone = sorted(at - started for at in gone_at.values())
-        return sent, gone[-1], gone
-
     def delete_tasks(self, names: list[str]) -> tuple[float, float, list[float]]:
-        return self.delete_all(
+        return delete_all(
             names,
             lambda n: self.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE,
                                                                   PLURAL, n),
@@ -196,7 +196,7 @@ class Fleet:
         with ThreadPoolExecutor(SENDERS) as pool:
             list(pool.map(lambda n: self.core.create_namespaced_config_map(
                 NAMESPACE, {"metadata": {"name": n}, "data": {"k": "v"}}), names))  # fmt: skip
-        sent, window, _ = self.delete_all(
+        sent, window, _ = delete_all(
             names,
             lambda n: self.core.delete_namespaced_config_map(n, NAMESPACE),
             lambda: {

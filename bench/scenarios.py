@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from bench import (
     audit_cost,
     burst,
+    controlplane,
     delete,
     drain,
     fanout,
@@ -41,6 +42,7 @@ SCENARIOS = (
     "fleet",
     "fanout",
     "burst",
+    "controlplane",
 )
 
 
@@ -49,7 +51,7 @@ QUICK_JOBS = 4
 fleet at rest), so four finish in about half the time of one after another."""
 LONGEST_FIRST = (
     "fleet", "pipeline", "recovery", "burst", "wake", "delete", "audit", "fanout", "resume",
-    "drain", "ledger",
+    "drain", "ledger", "controlplane",
 )  # fmt: skip
 """The order side-by-side scenarios start in: their quick durations on a 2-core machine,
 longest first, so the last to start are short ones."""
@@ -105,4 +107,6 @@ def run_one(name: str, args: argparse.Namespace) -> report.Scenario:
             return fanout.run(args.quick, root, args.redis_port)
         if name == "burst":
             return burst.run(args.quick, root)
+        if name == "controlplane":
+            return controlplane.run(args.quick, root, args.redis_port)
         return delete.run(args.quick, root, args.redis_port)

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,6 +153,13 @@ def _json(
     return aiohttp.web.Response(body=json.dumps(body).encode(), status=status, headers=headers)
 
 
+REQUESTS_PATH = "/debug/requests"
+"""``GET``: how many requests the embedded API has answered, by method and ``User-Agent``
+(a JSON object, keys ``"<method> <User-Agent>"``; these requests not counted): what a
+benchmark reads to count the calls each client made (kopf and the official client say
+who they are)."""
+
+
 @attrs.define(kw_only=True)
 class DevClusterEmulator(kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with the semantics kubectl and kopf rely on."""
@@ -161,6 +169,8 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
     registry: ResourceRegistry = attrs.field(factory=ResourceRegistry, init=False)
     state: ClusterState = attrs.field(init=False)
     _seen: int = attrs.field(default=0, init=False)
+    requests: Counter[str] = attrs.field(factory=Counter, init=False)
+    """Requests answered, by ``"<method> <User-Agent>"`` (``REQUESTS_PATH`` serves them)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -178,6 +188,9 @@ class DevClusterEmulator(kmock.KubernetesEmulator):
     @override
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         started = time.monotonic()
+        if raw_request.path == REQUESTS_PATH and raw_request.method == "GET":
+            return _json(dict(self.requests))
+        self.requests[f"{raw_request.method} {raw_request.headers.get('User-Agent', '')}"] += 1
         request = await self._parse(raw_request)
         response: aiohttp.web.StreamResponse
         try:
