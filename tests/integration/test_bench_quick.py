@@ -40,8 +40,8 @@ def test_the_quick_benchmark_exits_0_with_results_for_every_scenario(tmp_path: P
     results = json.loads((copy / "results.json").read_text())
     assert results["quick"] is True
     assert sorted(results["scenarios"]) == [
-        "audit", "burst", "delete", "drain", "fanout", "fleet", "ledger", "pipeline",
-        "recovery", "resume", "wake",
+        "audit", "burst", "controlplane", "delete", "drain", "fanout", "fleet", "ledger",
+        "pipeline", "recovery", "resume", "wake",
     ]  # fmt: skip
     for name, scenario in results["scenarios"].items():
         assert scenario["checks"], name

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.devcluster import DevClusterError, EmbeddedApiServer, write_kubeconfig
+from orchestrator.devcluster.emulator import REQUESTS_PATH
 from tests.support import LoopThread, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs the kubectl binary")
@@ -192,6 +193,29 @@ def tasks(cluster: Cluster) -> Cluster:
 
 
 # ---------------------------------------------------------------------------- discovery
+
+
+def test_the_request_count_names_each_client_and_method_and_not_its_own_reads(
+    cluster: Cluster,
+) -> None:
+    """What a benchmark reads to tell the operator's calls from its own."""
+
+    def get(path: str, agent: str) -> None:
+        req = urllib.request.Request(cluster.url + path, headers={"User-Agent": agent})
+        with urllib.request.urlopen(req, timeout=30):
+            pass
+
+    before = cluster.get(REQUESTS_PATH)
+    get("/api/v1/namespaces/default", "kopf/1.0")
+    get("/api/v1/namespaces/default", "kopf/1.0")
+    get("/api/v1/namespaces", "bench")
+    cluster.merge_patch("/api/v1/namespaces/default", {"metadata": {"labels": {"a": "b"}}})
+    after = cluster.get(REQUESTS_PATH)
+    grown = {
+        key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)
+    }
+    urllib_agent = f"Python-urllib/{sys.version_info.major}.{sys.version_info.minor}"
+    assert grown == {"GET kopf/1.0": 2, "GET bench": 1, f"PATCH {urllib_agent}": 1}
 
 
 def test_a_fresh_cluster_has_the_default_namespace_and_the_builtins(cluster: Cluster) -> None:
