@@ -46,7 +46,7 @@ from kubernetes import client, config
 from bench import responder
 from bench.audit_cost import ApiServer, ensure_database
 from bench.fanout import SENDERS, delete_all
-from bench.fleet import Daemons, Operator, free_port, in_phase, process_cpu
+from bench.fleet import Daemons, Operator, free_port, phases, process_cpu
 from bench.report import Check, Scenario
 from orchestrator.devcluster.emulator import REQUESTS_PATH
 from orchestrator.ledger import Ledger, OperationState
@@ -55,7 +55,7 @@ from orchestrator.pipeline.start import DrainStart, start_drains, wait_for_opera
 from orchestrator.settings import Settings
 from orchestrator.testing import WorkerProcess, flushed_redis, pipeline_env
 from worker_agent.contract import BrokerSettings, daemon_queue, make_celery
-from worker_agent.testing import Subprocess, child_env, wait_until
+from worker_agent.testing import Subprocess, child_env
 
 NAMESPACE = "default"
 SIZES, QUICK_SIZES = (200, 1000), (10,)
@@ -71,6 +71,8 @@ HOLD = "bench.caliban.ai/hold"
 XACTS = (
     "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
 )
+RUNNING_SECS = 900.0
+"""How long N created tasks may take to be Running."""
 SETTLE_SECS = 3.0
 """After the last task is gone: the statistics collector and the last passes catch up."""
 
@@ -115,6 +117,27 @@ def transactions(engine: sa.Engine) -> int:
     return int(value or 0)
 
 
+class Heartbeats(Daemons):
+    """``fleet.Daemons`` for a fleet that changes while it runs: every interval, each task
+    whose daemon runs now sends its heartbeat, spread evenly over the interval."""
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            began = time.monotonic()
+            with self.lock:
+                names = list(self.tasks)
+            for index, name in enumerate(names, start=1):
+                at = began + self.interval * index / len(names)
+                if self.stopping.wait(max(0.0, at - time.monotonic())):
+                    return
+                with self.lock:
+                    if name not in self.tasks:
+                        continue
+                self.send(name)
+            if not names and self.stopping.wait(self.interval):
+                return
+
+
 class Peak(threading.Thread):
     """The largest RSS of a process, sampled every second."""
 
@@ -126,7 +149,10 @@ class Peak(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(1.0):
-            self.rss = max(self.rss, self.process.memory_info().rss)
+            try:
+                self.rss = max(self.rss, self.process.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
 
 
 class Bench:
@@ -142,7 +168,7 @@ class Bench:
         self.ledger = ledger
         self.app = make_celery(BrokerSettings(broker_url=broker))
 
-    def create_tasks(self, names: list[str], daemons: Daemons) -> None:
+    def create_tasks(self, names: list[str], daemons: Heartbeats) -> None:
         def create(name: str) -> None:
             body = {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
@@ -158,10 +184,20 @@ class Bench:
 
         with ThreadPoolExecutor(SENDERS) as pool:
             list(pool.map(create, names))
-        wait_until(in_phase(self.custom, names, "Running"), 900,
-                   f"{len(names)} tasks Running", interval=1)  # fmt: skip
+        deadline, said = time.monotonic() + RUNNING_SECS, 0.0
+        while True:
+            now = phases(self.custom)
+            counts = Counter(str(now.get(name)) for name in names)
+            if counts["Running"] == len(names):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(names)} tasks not all Running: {dict(counts)}")
+            if time.monotonic() - said > 30:
+                print(f"  controlplane: {dict(counts)}", flush=True)
+                said = time.monotonic()
+            time.sleep(1.0)
 
-    def delete_tasks(self, names: list[str], daemons: Daemons) -> float:
+    def delete_tasks(self, names: list[str], daemons: Heartbeats) -> float:
         with daemons.lock:  # a deleted task's daemon says nothing more
             for name in names:
                 daemons.tasks.pop(name, None)
@@ -181,8 +217,9 @@ class Bench:
         listed = self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
         return [str(item["metadata"]["name"]) for item in listed["items"]]
 
-    def floor(self, names: list[str], reads: int, writes: int) -> float:
-        """The operator's deletion work by a bare script (see the module); the window."""
+    def floor(self, names: list[str], reads: int, writes: int) -> tuple[float, dict[str, float]]:
+        """The operator's deletion work by a bare script (see the module): the window, and
+        how long each part took (the DELETEs, the drain chains, the API calls after)."""
 
         def hold(name: str) -> None:
             body = {"metadata": {"name": name, "finalizers": [HOLD]}, "data": {"k": "v"}}
@@ -205,24 +242,34 @@ class Bench:
 
         deleted = threading.Event()
         sent: list[str] = []
+        spans: dict[str, float] = {}
+        failures: list[BaseException] = []
+        began = time.perf_counter()
 
         def delete(name: str) -> None:
             self.core.delete_namespaced_config_map(name, NAMESPACE)
             sent.append(name)
             if len(sent) == len(names):
+                spans["deletes"] = time.perf_counter() - began
                 deleted.set()
 
         def drain_then_finish() -> None:
-            deleted.wait(600)
-            uids = {n: f"floor-{n}" for n in names}
-            ops = start_drains(self.app, self.ledger, settings, [
-                DrainStart(NAMESPACE, n, task_uid=uids[n]) for n in names])  # fmt: skip
-            done = wait_for_operations(self.ledger, [op.id for op in ops], 600)
-            failed = [op for op in done if op.state is not OperationState.RECORDED]
-            if failed:
-                raise AssertionError(f"floor: {len(failed)} drains not recorded: {failed[0]}")
-            with ThreadPoolExecutor(SENDERS) as pool:
-                list(pool.map(finish, names))
+            try:
+                deleted.wait(600)
+                chains = time.perf_counter()
+                ops = start_drains(self.app, self.ledger, settings, [
+                    DrainStart(NAMESPACE, n, task_uid=f"floor-{n}") for n in names])  # fmt: skip
+                done = wait_for_operations(self.ledger, [op.id for op in ops], 600)
+                failed = [op for op in done if op.state is not OperationState.RECORDED]
+                if failed:
+                    raise AssertionError(f"floor: {len(failed)} drains not recorded: {failed[0]}")
+                calls = time.perf_counter()
+                spans["chains"] = calls - chains
+                with ThreadPoolExecutor(SENDERS) as pool:
+                    list(pool.map(finish, names))
+                spans["calls"] = time.perf_counter() - calls
+            except BaseException as exc:  # raised again below, where the bench waits
+                failures.append(exc)
 
         worker = threading.Thread(target=drain_then_finish, daemon=True)
         worker.start()
@@ -235,7 +282,9 @@ class Bench:
             lambda **kw: self.core.list_namespaced_config_map(NAMESPACE, **kw),
         )
         worker.join(60)
-        return window
+        if failures:
+            raise failures[0]
+        return window, spans
 
 
 def run(quick: bool, root: Path, redis_port: int) -> Scenario:
@@ -257,10 +306,11 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     answering = Responder(root, [daemon_queue(NAMESPACE, n) for n in every], env)
     operator = Operator(root / "operator.log", env, free_port())
     settings = Settings()
-    daemons = Daemons(broker, settings.heartbeat_interval_secs)
+    daemons = Heartbeats(broker, settings.heartbeat_interval_secs)
     ledger = Ledger.from_url(url)
     results: list[dict[str, Any]] = []
     problems: list[str] = []
+    peak: Peak | None = None
     try:
         worker.start()
         answering.start()
@@ -291,12 +341,13 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             writes = sum(calls.values()) - reads
             per_reads, per_writes = round(reads / n), max(1, round(writes / n))
             ftx0 = transactions(engine)
-            floor_window = bench.floor(floors_of[n], per_reads, per_writes)
+            floor_window, floor_spans = bench.floor(floors_of[n], per_reads, per_writes)
             time.sleep(SETTLE_SECS)
             floor_tx = transactions(engine) - ftx0
             results.append({
                 "n": n, "window": window, "rate": n / window,
                 "floor_window": floor_window, "floor_rate": n / floor_window,
+                "floor_spans": floor_spans,
                 "operator_cpu_ms": (cpu1 - cpu0) * 1000 / n,
                 "worker_cpu_ms": (worker1 - worker0) * 1000 / n,
                 "calls": calls, "calls_per_deletion": sum(calls.values()) / n,
@@ -307,9 +358,10 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
             })  # fmt: skip
             print(f"  controlplane N={n}: {n / window:.1f} deletions/s, floor "
                   f"{n / floor_window:.1f}/s", flush=True)  # fmt: skip
-        peak.stopping.set()
     finally:
         daemons.stopping.set()
+        if peak is not None:
+            peak.stopping.set()
         ledger.dispose()
         engine.dispose()
         for process in (operator, answering, worker, api):
@@ -333,6 +385,9 @@ def report(results: list[dict[str, Any]], problems: list[str], quick: bool) -> S
             (f"N={n}: deletions/s, floor (bare script, same calls and chains)",
              f"{r['floor_rate']:.1f}"),
             (f"N={n}: **operator / floor rate**", f"**{r['rate'] / r['floor_rate']:.2f}**"),
+            (f"N={n}: floor's parts: DELETEs / drain chains / API calls after",
+             " / ".join(f"{r['floor_spans'].get(k, 0.0):.1f} s"
+                        for k in ("deletes", "chains", "calls"))),
             (f"N={n}: operator CPU per deletion", f"{r['operator_cpu_ms']:.1f} ms"),
             (f"N={n}: worker CPU per deletion", f"{r['worker_cpu_ms']:.1f} ms"),
             (f"N={n}: API requests per deletion (kopf + own client; reads / writes)",

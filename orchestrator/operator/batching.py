@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from celery import Celery
 
 from orchestrator.ledger import Ledger, OperationView
+from orchestrator.operator import blocking
 from orchestrator.pipeline.start import DrainStart, start_drains
 from orchestrator.settings import Settings
 
@@ -72,7 +73,7 @@ class DrainBatcher:
         drains = [w.drain for w in batch]
         ledger = self.ledger_of()
         try:
-            views = await asyncio.to_thread(start_drains, self.app, ledger, self.settings, drains)
+            views = await blocking.in_thread(start_drains, self.app, ledger, self.settings, drains)
         except Exception as exc:
             if len(batch) == 1:
                 if not batch[0].answer.done():

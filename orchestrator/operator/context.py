@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from celery import Celery
 
 from orchestrator.ledger import Ledger, OperationState
-from orchestrator.operator import events, following, kube
+from orchestrator.operator import blocking, events, following, kube
 from orchestrator.operator.batching import DrainBatcher
 from orchestrator.operator.children import PodSettings
 from orchestrator.operator.crd import Manifest
@@ -97,7 +97,7 @@ class OperatorContext:
         return cls(settings, ledger, app, PodSettings.of(settings), drains)
 
     async def _read_drains(self, op_ids: Collection[str]) -> Mapping[str, OperationState]:
-        return await asyncio.to_thread(self.ledger.operation_states, op_ids)
+        return await blocking.in_thread(self.ledger.operation_states, op_ids)
 
 
 async def _read_snapshots(keys: Collection[tuple[str, str]]) -> Mapping[tuple[str, str], Manifest]:

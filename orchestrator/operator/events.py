@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from orchestrator.ledger import Ledger, LedgerError
+from orchestrator.operator import blocking
 from orchestrator.operator.failures import one_line
 from orchestrator.operator.pacing import Heartbeat, heartbeat_of, newer
 
@@ -90,7 +91,7 @@ class WorkQueue:
 
 
 async def _read(call: Callable[[], _T]) -> _T:
-    return await asyncio.to_thread(call)
+    return await blocking.in_thread(call)
 
 
 @dataclass

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
 
 def one_line(exc: BaseException) -> str:
     """What failed, on one line: the exception's type and the first line of its text; for
     a refusal of the API, its status and the message of its Status body."""
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiException | AsyncApiException):
         try:
             said = json.loads(exc.body or "{}").get("message")
         except (ValueError, AttributeError):

@@ -71,6 +71,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Only with --peering (standalone otherwise): see ``operator.peering``.
     settings.peering.lifetime = drain.peering_lifetime_secs
     kube.load_credentials()
+    await kube.open_client()
     # A missing RBAC permission stops the operator here, named, instead of kopf retrying
     # a forbidden watch forever (``permissions``; drainctl operator exits with the line).
     permissions.check_startup(
@@ -112,6 +113,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     server: MetricsServer | None = memo.get("metrics")
     if server is not None:
         server.close()
+    await kube.close_client()
 
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)

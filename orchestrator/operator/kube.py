@@ -1,20 +1,23 @@
 """The few Kubernetes calls the operator makes besides kopf's own: Sandboxes, workspace
-PVCs, the daemon broker Secret, and CalibanTask and Workspace status writes. A thin shell over the
-official client, run in threads so kopf's event loop never blocks; every function here
-is one API call or a small idempotent ensure-step, the names it addresses come from
-``crd``, and the decisions about *when* to call it live in ``lifecycle``.
+PVCs, the daemon broker Secret, and CalibanTask and Workspace status writes. A thin shell over
+``kubernetes_asyncio``: every call is a coroutine on kopf's event loop, through one
+client per loop whose connections are pooled (``API_CONNECTIONS``), so no thread pool
+bounds how many are in flight. Every function here is one API call or a small idempotent
+ensure-step, the names it addresses come from ``crd``, and the decisions about *when*
+to call it live in ``lifecycle``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes import config as sync_config
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from orchestrator import metrics
 from orchestrator.operator import children, crd
@@ -24,23 +27,71 @@ from orchestrator.operator.permissions import refused_as_terminating
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")
+_A = TypeVar("_A")
 
 _loaded = False
 # The client would otherwise pick the first content type it knows, JSON patch, for any
 # body; every call here says which patch it sends.
 MERGE_PATCH = "application/merge-patch+json"
+API_CONNECTIONS: Final = 64
+"""The most connections the operator holds open to the API server at once (aiohttp's
+limit): a fan-out of passes waits for a free one rather than opening more."""
+
+_configuration: client.Configuration | None = None
+_clients: dict[asyncio.AbstractEventLoop, client.ApiClient] = {}
 
 
 def load_credentials() -> None:
-    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``), for the
+    synchronous client of the operator's start-up checks (``permissions``); the
+    operator's own calls load theirs on first use (``_counted``)."""
     global _loaded
     if _loaded:
         return
     try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+        sync_config.load_incluster_config()
+    except sync_config.ConfigException:
+        sync_config.load_kube_config()
     _loaded = True
+
+
+async def _load_configuration() -> client.Configuration:
+    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    global _configuration
+    if _configuration is None:
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            await config.load_kube_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = API_CONNECTIONS
+        _configuration = configuration
+    return _configuration
+
+
+def _api(kind: Callable[[client.ApiClient], _A]) -> _A:
+    """An API group's calls through this event loop's one client (made on first use,
+    once ``_counted`` has loaded the credentials)."""
+    loop = asyncio.get_running_loop()
+    found = _clients.get(loop)
+    if found is None:
+        if _configuration is None:
+            raise RuntimeError("the operator's API credentials are not loaded")
+        found = _clients[loop] = client.ApiClient(_configuration)
+    return kind(found)
+
+
+async def open_client() -> None:
+    """Load the credentials of the operator's calls (its start-up: a bad kubeconfig is
+    reported there, not at the first call)."""
+    await _load_configuration()
+
+
+async def close_client() -> None:
+    """Close this event loop's client and its connections (the operator's cleanup)."""
+    found = _clients.pop(asyncio.get_running_loop(), None)
+    if found is not None:
+        await found.close()
 
 
 class NamespaceTerminating(Exception):
@@ -54,51 +105,53 @@ class NamespaceTerminating(Exception):
 
 async def namespace_terminating(namespace: str) -> bool:
     """Whether ``namespace`` is being deleted (or already gone)."""
-    found = await _read(lambda: client.CoreV1Api().read_namespace(namespace))
+    found = await _read(lambda: _api(client.CoreV1Api).read_namespace(namespace))
     return found is None or found.metadata.deletion_timestamp is not None
 
 
 async def _call(
-    call: Callable[[], _T], answers: Mapping[int, _D], namespace: str | None = None
+    call: Callable[[], Awaitable[_T]], answers: Mapping[int, _D], namespace: str | None = None
 ) -> _T | _D:
-    """One API call, in a thread so kopf's event loop never blocks. A refusal whose HTTP
-    status is in ``answers`` is answered with its value instead of raised (404: absent,
-    409: already there, or changed since it was read); a create refused because
-    ``namespace`` is being deleted raises ``NamespaceTerminating``."""
-
-    def run() -> _T | _D:
-        try:
-            return call()
-        except ApiException as exc:
-            if namespace is not None and refused_as_terminating(exc):
-                raise NamespaceTerminating(namespace) from exc
-            if exc.status in answers:
-                return answers[exc.status]
-            raise
-
-    return await _in_thread(run)
+    """One API call. A refusal whose HTTP status is in ``answers`` is answered with its
+    value instead of raised (404: absent, 409: already there, or changed since it was
+    read); a create refused because ``namespace`` is being deleted raises
+    ``NamespaceTerminating``."""
+    try:
+        return await _counted(call)
+    except ApiException as exc:
+        if namespace is not None and refused_as_terminating(exc):
+            raise NamespaceTerminating(namespace) from exc
+        if exc.status in answers:
+            return answers[exc.status]
+        raise
 
 
-async def _in_thread(call: Callable[[], _T]) -> _T:
-    """Every API call of the operator's own, in a thread, counted."""
+async def _counted(call: Callable[[], Awaitable[_T]]) -> _T:
+    """Every API call of the operator's own, counted."""
     metrics.OPERATOR_API_CALLS.inc()
-    return await asyncio.to_thread(call)
+    await _load_configuration()
+    return await call()
 
 
-async def _read(call: Callable[[], _T]) -> _T | None:
+async def _read(call: Callable[[], Awaitable[_T]]) -> _T | None:
     """A read: None when the object does not exist."""
     return await _call(call, {404: None})
 
 
-async def _create(call: Callable[[], object], namespace: str) -> None:
+async def _create(call: Callable[[], Awaitable[object]], namespace: str) -> None:
     """A create that keeps an object already there (an earlier pass made it)."""
     await _call(call, {409: None}, namespace)
 
 
-async def _done(call: Callable[[], object], absent: Collection[int] = (404,)) -> bool:
+async def _done(call: Callable[[], Awaitable[object]], absent: Collection[int] = (404,)) -> bool:
     """A change of an object: False when it is not there (or, with 409 in ``absent``,
     has changed since it was read)."""
-    return await _call(lambda: bool(call()) or True, dict.fromkeys(absent, False))
+
+    async def changed() -> bool:
+        await call()
+        return True
+
+    return await _call(changed, dict.fromkeys(absent, False))
 
 
 def _group_version(api_version: str) -> tuple[str, str]:
@@ -109,13 +162,16 @@ def _group_version(api_version: str) -> tuple[str, str]:
 APPLY_PATCH = "application/apply-patch+yaml"
 
 
-async def _apply(call: Callable[..., Any], *args: str, body: Manifest) -> Any:
-    """Server-side apply of ``body`` by the operator's field manager, taking back every
-    field it sets from any other writer (``force``): the object is created if it is not
-    there, and made equal to ``body`` in what ``body`` says if it is."""
+async def _apply(
+    kind: Callable[[client.ApiClient], Any], patch: str, *args: str, body: Manifest
+) -> Any:
+    """Server-side apply of ``body`` (method ``patch`` of API group ``kind``) by the
+    operator's field manager, taking back every field it sets from any other writer
+    (``force``): the object is created if it is not there, and made equal to ``body`` in
+    what ``body`` says if it is."""
     namespace = body["metadata"]["namespace"]
     return await _call(
-        lambda: call(
+        lambda: getattr(_api(kind), patch)(
             *args,
             body,
             field_manager=crd.FIELD_MANAGER,
@@ -132,7 +188,7 @@ async def apply_sandbox(api_version: str, body: Manifest) -> Manifest:
     group, version = _group_version(api_version)
     meta = body["metadata"]
     applied: Manifest = await _apply(
-        client.CustomObjectsApi().patch_namespaced_custom_object,
+        client.CustomObjectsApi, "patch_namespaced_custom_object",
         group, version, meta["namespace"], crd.SANDBOX_PLURAL, meta["name"],
         body=body,
     )  # fmt: skip
@@ -144,41 +200,43 @@ async def ensure_broker_secret(namespace: str, name: str, url: str) -> None:
     another URL (the operator's daemon broker URL changed); untouched when it is right.
     The URL is never logged nor put in an error: it may hold a password."""
     body = children.broker_secret(namespace, name, url)
-    api = client.CoreV1Api()
 
-    def call() -> None:
+    async def call() -> None:
+        api = _api(client.CoreV1Api)
         try:
-            existing = api.read_namespaced_secret(name, namespace)
+            existing = await api.read_namespaced_secret(name, namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             try:
-                api.create_namespaced_secret(namespace, body)
+                await api.create_namespaced_secret(namespace, body)
                 return
             except ApiException as exc2:
                 if exc2.status != 409:  # created meanwhile (another task): patch it below
                     raise
-                existing = api.read_namespaced_secret(name, namespace)
+                existing = await api.read_namespaced_secret(name, namespace)
         if (existing.data or {}).get(crd.BROKER_SECRET_KEY) == body["data"][crd.BROKER_SECRET_KEY]:
             return
         patch = {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}
-        api.patch_namespaced_secret(name, namespace, patch, _content_type=MERGE_PATCH)
+        await api.patch_namespaced_secret(name, namespace, patch, _content_type=MERGE_PATCH)
 
-    await _in_thread(call)
+    await _counted(call)
 
 
 async def ensure_task_key(body: Manifest) -> None:
     """Create the task's key Secret (``children.task_key_secret``) unless it is there:
     its name carries the task's uid, and its content follows from it."""
     namespace = body["metadata"]["namespace"]
-    await _create(lambda: client.CoreV1Api().create_namespaced_secret(namespace, body), namespace)
+    await _create(
+        lambda: _api(client.CoreV1Api).create_namespaced_secret(namespace, body), namespace
+    )
 
 
 async def apply_service_account(body: Manifest) -> None:
     """The task's ServiceAccount (``children.service_account``) applied."""
     meta = body["metadata"]
     await _apply(
-        client.CoreV1Api().patch_namespaced_service_account,
+        client.CoreV1Api, "patch_namespaced_service_account",
         meta["name"], meta["namespace"], body=body,
     )  # fmt: skip
 
@@ -187,7 +245,7 @@ async def apply_network_policy(body: Manifest) -> None:
     """The task's NetworkPolicy (``children.network_policy``) applied."""
     meta = body["metadata"]
     await _apply(
-        client.NetworkingV1Api().patch_namespaced_network_policy,
+        client.NetworkingV1Api, "patch_namespaced_network_policy",
         meta["name"], meta["namespace"], body=body,
     )  # fmt: skip
 
@@ -196,7 +254,7 @@ async def sandbox_api() -> SandboxApi | None:
     """What the Sandbox CRD serves and stores (None: no such CRD)."""
 
     found = await _read(
-        lambda: client.ApiextensionsV1Api().read_custom_resource_definition(crd.SANDBOX_CRD)
+        lambda: _api(client.ApiextensionsV1Api).read_custom_resource_definition(crd.SANDBOX_CRD)
     )
     if found is None:
         return None
@@ -217,8 +275,8 @@ async def get_sandbox(api_version: str, namespace: str, name: str) -> Manifest |
 
 async def patch_sandbox(api_version: str, namespace: str, name: str, patch: Manifest) -> None:
     group, version = _group_version(api_version)
-    await _in_thread(
-        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+    await _counted(
+        lambda: _api(client.CustomObjectsApi).patch_namespaced_custom_object(
             group,
             version,
             namespace,
@@ -236,7 +294,7 @@ async def patch_sandbox_if_there(
     """``patch`` merged into the Sandbox; False when it is not there (deleted by hand)."""
     group, version = _group_version(api_version)
     return await _done(
-        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+        lambda: _api(client.CustomObjectsApi).patch_namespaced_custom_object(
             group, version, namespace, crd.SANDBOX_PLURAL, name, patch,
             _content_type=MERGE_PATCH,
         )
@@ -245,7 +303,7 @@ async def patch_sandbox_if_there(
 
 async def get_pvc(namespace: str, name: str) -> Any:
     return await _read(
-        lambda: client.CoreV1Api().read_namespaced_persistent_volume_claim(name, namespace)
+        lambda: _api(client.CoreV1Api).read_namespaced_persistent_volume_claim(name, namespace)
     )
 
 
@@ -258,15 +316,17 @@ async def ensure_pvc(body: Manifest) -> None:
     existing = await get_pvc(namespace, name)
     if existing is None:
         await _create(
-            lambda: client.CoreV1Api().create_namespaced_persistent_volume_claim(namespace, body),
+            lambda: _api(client.CoreV1Api).create_namespaced_persistent_volume_claim(
+                namespace, body
+            ),
             namespace,
         )
         return
     owners = existing.metadata.owner_references or []
     if not any(o.uid == owner["uid"] for o in owners):
         patch = {"metadata": {"ownerReferences": [owner], "labels": children.labels(task_name)}}
-        await _in_thread(
-            lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+        await _counted(
+            lambda: _api(client.CoreV1Api).patch_namespaced_persistent_volume_claim(
                 name, namespace, patch, _content_type=MERGE_PATCH
             )
         )
@@ -283,7 +343,7 @@ async def retain_pvc(namespace: str, name: str, checkpoint_ref: str) -> bool:
         "metadata": {"ownerReferences": None, "labels": {crd.CHECKPOINT_LABEL: checkpoint_ref}}
     }
     return await _done(
-        lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+        lambda: _api(client.CoreV1Api).patch_namespaced_persistent_volume_claim(
             name, namespace, patch, _content_type=MERGE_PATCH
         )
     )
@@ -306,7 +366,7 @@ async def claim_pvc(
         }
     }
     return await _done(
-        lambda: client.CoreV1Api().patch_namespaced_persistent_volume_claim(
+        lambda: _api(client.CoreV1Api).patch_namespaced_persistent_volume_claim(
             name, namespace, patch, _content_type=MERGE_PATCH
         ),
         absent=(404, 409),
@@ -317,8 +377,8 @@ async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | 
     """The pods in ``namespace`` that mount PVC ``pvc_name``, running or terminating, as
     (name, uid of the object that controls it: its Sandbox)."""
 
-    def call() -> list[tuple[str, str | None]]:
-        listed = client.CoreV1Api().list_namespaced_pod(namespace)
+    async def call() -> list[tuple[str, str | None]]:
+        listed = await _api(client.CoreV1Api).list_namespaced_pod(namespace)
         found = []
         for pod in listed.items:
             volumes = (pod.spec.volumes if pod.spec else None) or []
@@ -331,7 +391,7 @@ async def pods_mounting(namespace: str, pvc_name: str) -> list[tuple[str, str | 
                 found.append((str(pod.metadata.name), controller))
         return found
 
-    return await _in_thread(call)
+    return await _counted(call)
 
 
 @dataclass(frozen=True)
@@ -348,8 +408,8 @@ class TaskPod:
 async def task_pods(namespace: str, task: str) -> list[TaskPod]:
     """The pods carrying task ``task``'s label in ``namespace``."""
 
-    def call() -> list[TaskPod]:
-        listed = client.CoreV1Api().list_namespaced_pod(
+    async def call() -> list[TaskPod]:
+        listed = await _api(client.CoreV1Api).list_namespaced_pod(
             namespace, label_selector=f"{crd.TASK_LABEL}={task}"
         )
         return [
@@ -361,7 +421,7 @@ async def task_pods(namespace: str, task: str) -> list[TaskPod]:
             for pod in listed.items
         ]
 
-    return await _in_thread(call)
+    return await _counted(call)
 
 
 async def daemon_ran_on(namespace: str, pvc_name: str) -> bool:
@@ -370,8 +430,8 @@ async def daemon_ran_on(namespace: str, pvc_name: str) -> bool:
     running or terminated. A pod whose init container never finished (a Workspace source
     that cannot be cloned) or whose image never pulled has run nothing."""
 
-    def call() -> bool:
-        for pod in client.CoreV1Api().list_namespaced_pod(namespace).items:
+    async def call() -> bool:
+        for pod in (await _api(client.CoreV1Api).list_namespaced_pod(namespace)).items:
             volumes = (pod.spec.volumes if pod.spec else None) or []
             if not any(
                 v.persistent_volume_claim and v.persistent_volume_claim.claim_name == pvc_name
@@ -389,13 +449,13 @@ async def daemon_ran_on(namespace: str, pvc_name: str) -> bool:
                         return True
         return False
 
-    return await _in_thread(call)
+    return await _counted(call)
 
 
 async def delete_pvc(namespace: str, name: str) -> bool:
     """Delete PVC ``name``; False if there was none."""
     return await _done(
-        lambda: client.CoreV1Api().delete_namespaced_persistent_volume_claim(name, namespace)
+        lambda: _api(client.CoreV1Api).delete_namespaced_persistent_volume_claim(name, namespace)
     )
 
 
@@ -404,8 +464,8 @@ async def _get_custom(
 ) -> Manifest | None:
     """A namespaced custom object, or None if there is none."""
 
-    def call() -> Manifest:
-        found: Manifest = client.CustomObjectsApi().get_namespaced_custom_object(
+    async def call() -> Manifest:
+        found: Manifest = await _api(client.CustomObjectsApi).get_namespaced_custom_object(
             group, version, namespace, plural, name
         )
         return found
@@ -426,14 +486,14 @@ async def get_task(namespace: str, name: str) -> Manifest | None:
 async def list_tasks() -> list[Manifest]:
     """Every CalibanTask in the cluster."""
 
-    def call() -> list[Manifest]:
-        listed = client.CustomObjectsApi().list_cluster_custom_object(
+    async def call() -> list[Manifest]:
+        listed = await _api(client.CustomObjectsApi).list_cluster_custom_object(
             crd.GROUP, crd.VERSION, crd.PLURAL
         )
         items: list[Manifest] = listed.get("items", [])
         return items
 
-    return await _in_thread(call)
+    return await _counted(call)
 
 
 # ----------------------------------------------------------------- snapshots
@@ -443,7 +503,7 @@ async def snapshots_served() -> bool:
     """Whether the cluster serves ``snapshot.storage.k8s.io/v1`` VolumeSnapshots (the
     external-snapshotter's CRDs are installed)."""
     found = await _read(
-        lambda: client.ApiextensionsV1Api().read_custom_resource_definition(crd.SNAPSHOT_CRD)
+        lambda: _api(client.ApiextensionsV1Api).read_custom_resource_definition(crd.SNAPSHOT_CRD)
     )
     if found is None:
         return False
@@ -452,7 +512,7 @@ async def snapshots_served() -> bool:
 
 async def snapshot_classes() -> list[SnapshotClass]:
     listed = await _read(
-        lambda: client.CustomObjectsApi().list_cluster_custom_object(
+        lambda: _api(client.CustomObjectsApi).list_cluster_custom_object(
             crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, crd.SNAPSHOT_CLASS_PLURAL
         )
     )
@@ -475,11 +535,11 @@ async def storage_driver(pvc: Any) -> str | None:
     no such class)."""
     named = pvc.spec.storage_class_name if pvc is not None and pvc.spec else None
 
-    def call() -> str | None:
-        api = client.StorageV1Api()
+    async def call() -> str | None:
+        api = _api(client.StorageV1Api)
         if named:
-            return str(api.read_storage_class(named).provisioner)
-        for item in api.list_storage_class().items:
+            return str((await api.read_storage_class(named)).provisioner)
+        for item in (await api.list_storage_class()).items:
             annotations = item.metadata.annotations or {}
             if annotations.get(crd.DEFAULT_STORAGE_CLASS_ANNOTATION) == "true":
                 return str(item.provisioner)
@@ -493,7 +553,7 @@ async def create_snapshot(body: Manifest) -> None:
     existing one of its name is kept."""
     namespace = body["metadata"]["namespace"]
     await _create(
-        lambda: client.CustomObjectsApi().create_namespaced_custom_object(
+        lambda: _api(client.CustomObjectsApi).create_namespaced_custom_object(
             crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, body
         ),
         namespace,
@@ -511,8 +571,8 @@ async def list_checkpoint_snapshots(namespace: str, refs: Collection[str]) -> di
     label), by name, in one call (none in a namespace that is gone)."""
     selector = f"{crd.CHECKPOINT_LABEL} in ({','.join(sorted(refs))})"
 
-    def call() -> dict[str, Manifest]:
-        listed = client.CustomObjectsApi().list_namespaced_custom_object(
+    async def call() -> dict[str, Manifest]:
+        listed = await _api(client.CustomObjectsApi).list_namespaced_custom_object(
             crd.SNAPSHOT_GROUP,
             crd.SNAPSHOT_VERSION,
             namespace,
@@ -528,7 +588,7 @@ async def list_checkpoint_snapshots(namespace: str, refs: Collection[str]) -> di
 async def delete_snapshot(namespace: str, name: str) -> bool:
     """Delete VolumeSnapshot ``name``; False if there was none."""
     return await _done(
-        lambda: client.CustomObjectsApi().delete_namespaced_custom_object(
+        lambda: _api(client.CustomObjectsApi).delete_namespaced_custom_object(
             crd.SNAPSHOT_GROUP, crd.SNAPSHOT_VERSION, namespace, crd.SNAPSHOT_PLURAL, name
         )
     )
@@ -563,8 +623,8 @@ async def post_event(involved: Manifest, type_: str, reason: str, message: str) 
         "eventTime": now,
     }
     try:
-        await _in_thread(
-            lambda: client.CoreV1Api().create_namespaced_event(meta["namespace"], body)
+        await _counted(
+            lambda: _api(client.CoreV1Api).create_namespaced_event(meta["namespace"], body)
         )
     except ApiException:
         return False
@@ -577,7 +637,7 @@ async def _patch_status(
     """Merge ``status`` into the status subresource of our group's ``plural`` ``name``;
     the object as written, or None when it is gone."""
     written: Manifest | None = await _read(
-        lambda: client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        lambda: _api(client.CustomObjectsApi).patch_namespaced_custom_object_status(
             crd.GROUP,
             crd.VERSION,
             namespace,
@@ -593,7 +653,7 @@ async def _patch_status(
 async def annotate_task(namespace: str, name: str, annotations: dict[str, str]) -> None:
     """Set annotations on CalibanTask ``namespace/name`` (nothing if it is gone)."""
     await _read(
-        lambda: client.CustomObjectsApi().patch_namespaced_custom_object(
+        lambda: _api(client.CustomObjectsApi).patch_namespaced_custom_object(
             crd.GROUP,
             crd.VERSION,
             namespace,
@@ -627,9 +687,15 @@ async def guard_against_eviction(
     disruption the daemon's own SIGTERM drain and the operator's recovery absorb, and a
     node drain is never blocked for longer than an operation takes."""
     name = children.drain_guard_name(task_name)
-    api = client.PolicyV1Api()
     if not guarded:
-        await _done(lambda: api.delete_namespaced_pod_disruption_budget(name, namespace))
+        await _done(
+            lambda: _api(client.PolicyV1Api).delete_namespaced_pod_disruption_budget(
+                name, namespace
+            )
+        )
         return
     guard = children.drain_guard(task_name, namespace, owner)
-    await _create(lambda: api.create_namespaced_pod_disruption_budget(namespace, guard), namespace)
+    await _create(
+        lambda: _api(client.PolicyV1Api).create_namespaced_pod_disruption_budget(namespace, guard),
+        namespace,
+    )

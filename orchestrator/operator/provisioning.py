@@ -7,7 +7,6 @@ running task re-created on the same workspace. The Sandbox's pod template is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import kopf
@@ -16,7 +15,7 @@ from orchestrator import broker_tenants
 from orchestrator.ledger import (
     OperationKind,
 )
-from orchestrator.operator import children, kube, restore
+from orchestrator.operator import blocking, children, kube, restore
 from orchestrator.operator import workspace as workspaces
 from orchestrator.operator.crd import Manifest
 from orchestrator.operator.lifecycle import (
@@ -321,7 +320,7 @@ async def daemons_url(settings: Settings, namespace: str) -> str:
     )
     if tenants is None:
         return settings.daemons_broker_url
-    return await asyncio.to_thread(tenants.ensure, namespace)
+    return await blocking.in_thread(tenants.ensure, namespace)
 
 
 async def create_sandbox(p: TaskPass, spec: TaskSpec, pvc_name: str) -> Manifest:

@@ -23,7 +23,7 @@ from orchestrator.ledger import (
     OperationState,
     OperationView,
 )
-from orchestrator.operator import crd
+from orchestrator.operator import blocking, crd
 from orchestrator.operator.children import TaskRef
 from orchestrator.operator.crd import Manifest
 from orchestrator.operator.lifecycle import (
@@ -61,7 +61,7 @@ _R = TypeVar("_R")
 async def ledger_call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
     """A blocking ledger (or pipeline) call in a thread, so kopf's event loop never waits
     on the database; typed through, so every call and its result are checked."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    return await blocking.in_thread(fn, *args, **kwargs)
 
 
 def utc_now() -> datetime:
