@@ -237,6 +237,7 @@ def ledger_prune(
     import asyncio
     from datetime import UTC, datetime
 
+    from orchestrator.operator import kube
     from orchestrator.operator.retention import (
         plan_prune,
         pvcs_of,
@@ -254,18 +255,21 @@ def ledger_prune(
         click.echo(f"released {done} of {total} checkpoints", err=True)
 
     async def run() -> list[PruneItem]:
-        named, held = await what_is_in_use(pvcs_of(checkpoints))
-        items = plan_prune(
-            checkpoints,
-            keep=keep,
-            older_than_secs=older_than,
-            now=now,
-            named_by_tasks=named,
-            held_pvcs=held,
-        )
-        if not dry_run:
-            return await release(ledger_, items, now, batch=batch, progress=progress)
-        return items
+        try:
+            named, held = await what_is_in_use(pvcs_of(checkpoints))
+            items = plan_prune(
+                checkpoints,
+                keep=keep,
+                older_than_secs=older_than,
+                now=now,
+                named_by_tasks=named,
+                held_pvcs=held,
+            )
+            if not dry_run:
+                return await release(ledger_, items, now, batch=batch, progress=progress)
+            return items
+        finally:
+            await kube.close_client()
 
     items = asyncio.run(run())
     emit(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
+from kubernetes import client as sync_client
 from kubernetes import config as sync_config
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -37,14 +38,18 @@ API_CONNECTIONS: Final = 64
 """The most connections the operator holds open to the API server at once (aiohttp's
 limit): a fan-out of passes waits for a free one rather than opening more."""
 
-_configuration: client.Configuration | None = None
-_clients: dict[asyncio.AbstractEventLoop, client.ApiClient] = {}
+_own: client.Configuration | None = None
+"""In a pod: the credentials ``open_client`` loaded (their token re-read as it rotates)."""
+_followed: tuple[object, client.Configuration] | None = None
+"""Elsewhere: the synchronous client's default configuration last followed, and the
+configuration made from it."""
+_clients: dict[tuple[asyncio.AbstractEventLoop, int], client.ApiClient] = {}
 
 
 def load_credentials() -> None:
-    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``), for the
-    synchronous client of the operator's start-up checks (``permissions``); the
-    operator's own calls load theirs on first use (``_counted``)."""
+    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``), as the
+    synchronous client's default configuration: what the start-up checks
+    (``permissions``) use, and what the operator's own calls follow out of a pod."""
     global _loaded
     if _loaded:
         return
@@ -55,43 +60,61 @@ def load_credentials() -> None:
     _loaded = True
 
 
-async def _load_configuration() -> client.Configuration:
-    """In-cluster credentials in a pod, else the kubeconfig (``KUBECONFIG``)."""
-    global _configuration
-    if _configuration is None:
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            await config.load_kube_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = API_CONNECTIONS
-        _configuration = configuration
-    return _configuration
+async def open_client() -> None:
+    """In a pod, load the service account's credentials for the operator's calls (the
+    async client re-reads its token as it rotates); elsewhere they follow the kubeconfig
+    ``load_credentials`` loaded."""
+    global _own
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        return
+    configuration.connection_pool_maxsize = API_CONNECTIONS
+    _own = configuration
+
+
+def _configuration() -> client.Configuration:
+    """Where the operator's calls go: ``open_client``'s credentials in a pod; otherwise
+    those of the synchronous client's default configuration, as ``load_credentials``,
+    ``drainctl``'s ``--kubeconfig`` or a test set it (loaded from the kubeconfig first if
+    nothing set it), followed when it is set again."""
+    global _followed
+    if _own is not None:
+        return _own
+    if sync_client.Configuration._default is None:
+        load_credentials()
+    default = sync_client.Configuration._default
+    if _followed is None or _followed[0] is not default:
+        sync = sync_client.Configuration.get_default_copy()
+        made = client.Configuration(
+            host=sync.host, api_key=dict(sync.api_key), api_key_prefix=dict(sync.api_key_prefix)
+        )
+        for setting in ("ssl_ca_cert", "cert_file", "key_file", "verify_ssl",
+                        "assert_hostname", "tls_server_name", "proxy"):  # fmt: skip
+            setattr(made, setting, getattr(sync, setting, None))
+        made.connection_pool_maxsize = API_CONNECTIONS
+        _followed = (default, made)
+    return _followed[1]
 
 
 def _api(kind: Callable[[client.ApiClient], _A]) -> _A:
-    """An API group's calls through this event loop's one client (made on first use,
-    once ``_counted`` has loaded the credentials)."""
-    loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
+    """An API group's calls through this event loop's one client for the current
+    configuration (made on first use)."""
+    configuration = _configuration()
+    key = (asyncio.get_running_loop(), id(configuration))
+    found = _clients.get(key)
     if found is None:
-        if _configuration is None:
-            raise RuntimeError("the operator's API credentials are not loaded")
-        found = _clients[loop] = client.ApiClient(_configuration)
+        found = _clients[key] = client.ApiClient(configuration)
     return kind(found)
 
 
-async def open_client() -> None:
-    """Load the credentials of the operator's calls (its start-up: a bad kubeconfig is
-    reported there, not at the first call)."""
-    await _load_configuration()
-
-
 async def close_client() -> None:
-    """Close this event loop's client and its connections (the operator's cleanup)."""
-    found = _clients.pop(asyncio.get_running_loop(), None)
-    if found is not None:
-        await found.close()
+    """Close this event loop's clients and their connections (the operator's cleanup, the
+    end of a command or a test that made calls)."""
+    loop = asyncio.get_running_loop()
+    for key in [key for key in _clients if key[0] is loop]:
+        await _clients.pop(key).close()
 
 
 class NamespaceTerminating(Exception):
@@ -129,7 +152,6 @@ async def _call(
 async def _counted(call: Callable[[], Awaitable[_T]]) -> _T:
     """Every API call of the operator's own, counted."""
     metrics.OPERATOR_API_CALLS.inc()
-    await _load_configuration()
     return await call()
 
 
