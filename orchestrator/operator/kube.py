@@ -87,9 +87,13 @@ def _configuration() -> client.Configuration:
     default = sync_client.Configuration._default
     if _followed is None or _followed[0] is not default:
         sync = sync_client.Configuration.get_default_copy()
-        made = client.Configuration(
-            host=sync.host, api_key=dict(sync.api_key), api_key_prefix=dict(sync.api_key_prefix)
-        )
+        api_key, prefix = dict(sync.api_key), dict(sync.api_key_prefix)
+        # A client before v36 keeps the token under "authorization"; this one reads it
+        # under "BearerToken".
+        for keys in (api_key, prefix):
+            if "authorization" in keys:
+                keys.setdefault("BearerToken", keys.pop("authorization"))
+        made = client.Configuration(host=sync.host, api_key=api_key, api_key_prefix=prefix)
         for setting in ("ssl_ca_cert", "cert_file", "key_file", "verify_ssl",
                         "assert_hostname", "tls_server_name", "proxy"):  # fmt: skip
             setattr(made, setting, getattr(sync, setting, None))

@@ -42,6 +42,7 @@ from orchestrator.devcluster.up import (
     stack_access,
 )
 from orchestrator.operator import crd, permissions
+from orchestrator.settings import Settings
 from tests.support import LoopThread, wait_until
 from worker_agent.testing import DRAINCTL, WaitTimeout
 
@@ -152,6 +153,9 @@ def workspace_given_its_status(story: Story) -> None:
     wait_until(ready, timeout=60, what="the Workspace's status")
 
 
+SNAPSHOT_READY_DELAY_SECS = 2 * Settings().snapshot_follow_interval_secs
+
+
 @dataclass(frozen=True)
 class RecordedRun:
     rules: list[dict[str, Any]]
@@ -182,7 +186,11 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    story = Story(root, 2, port, None, "--rbac", str(rbac_file), "--record-requests", str(record))
+    # Snapshots ready only after the follower's first look (its interval, 5 s, and a
+    # margin): with a driver that readies them at once, the operator's own passes may
+    # settle every snapshot before the follower looks, and its list is never made.
+    story = Story(root, 2, port, None, "--rbac", str(rbac_file), "--record-requests", str(record),
+                  "--snapshot-ready-delay", str(SNAPSHOT_READY_DELAY_SECS))  # fmt: skip
     try:
         story.run()
         sandbox_deleted_under_its_task(story)
