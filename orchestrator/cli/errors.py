@@ -145,9 +145,13 @@ def _database_error(exc: BaseException) -> DrainctlError:
 
 
 def _kubernetes_unreachable(exc: BaseException) -> DrainctlError:
+    # urllib3 (the official client) names the pool; aiohttp (``kubernetes_asyncio``, the
+    # operator's calls, which ``drainctl ledger prune`` makes) the host and port.
     pool = getattr(exc, "pool", None)
-    where = f"{pool.host}:{pool.port}" if pool is not None else "the configured server"
-    reason = getattr(exc, "reason", None) or exc
+    host, port = (pool.host, pool.port) if pool is not None else (
+        getattr(exc, "host", None), getattr(exc, "port", None))  # fmt: skip
+    where = f"{host}:{port}" if host is not None else "the configured server"
+    reason = getattr(exc, "reason", None) or getattr(exc, "os_error", None) or exc
     return Unreachable(
         f"cannot reach the Kubernetes API at {where}: {_first_line(reason)}; "
         "check --kubeconfig/--context (or KUBECONFIG) and that the API server is running"
@@ -191,7 +195,11 @@ _TRANSLATIONS: tuple[tuple[tuple[str, ...], Translator], ...] = (
         ),
     ),
     (
-        ("urllib3.exceptions.MaxRetryError", "urllib3.exceptions.NewConnectionError"),
+        (
+            "urllib3.exceptions.MaxRetryError",
+            "urllib3.exceptions.NewConnectionError",
+            "aiohttp.client_exceptions.ClientConnectorError",
+        ),
         _kubernetes_unreachable,
     ),
     (

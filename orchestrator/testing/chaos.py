@@ -1012,6 +1012,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C and SIGTERM stop the run the same way: through every ``finally`` that
     # stops a stack.
     signal.signal(signal.SIGTERM, _interrupt)
+    # Installed, not inherited: a run started where SIGINT is ignored (a background job
+    # of a script) still stops on Ctrl-C, as it says it does.
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         report = run(args.seed, args.sequences, args.steps, say)
     except KeyboardInterrupt:

@@ -147,8 +147,9 @@ def test_the_settle_bound_comes_from_the_default_settings(monkeypatch: pytest.Mo
 
 @pytest.fixture
 def worked(tmp_path: Path) -> Path:
-    """An agent's directory after the reference worker ran 4 turns and exited."""
-    agent = tmp_path / "agents" / "agent-a"
+    """An agent's directory after the reference worker ran 4 turns and exited, in a
+    workspace of its own (``volumes/<namespace>/<pvc>``, as the dev stack keeps them)."""
+    agent = tmp_path / "volumes" / "default" / "ws" / "agents" / "agent-a"
     agent.mkdir(parents=True)
     with layout.transcript_file(agent).open("wb") as out:
         subprocess.run(
@@ -164,7 +165,10 @@ def test_a_worker_s_own_transcript_and_session_account_for_every_turn_once(worke
     count = chaos.transcript_turns(layout.transcript_file(worked))
     assert (count.lost, count.duplicated, count.problems) == (0, 0, [])
     assert chaos.session_turns(worked) == []
-    assert chaos.turns_on_disk(worked.parents[2]).problems == []
+    # This test's volumes alone: not the other tests' directories beside its own.
+    volumes = worked.parents[3]
+    assert sorted(volumes.glob(f"*/*/{layout.AGENTS_DIR}/*")) == [worked]
+    assert chaos.turns_on_disk(volumes).problems == []
 
 
 def test_a_turn_announced_twice_is_a_duplicate(worked: Path) -> None:
