@@ -5,9 +5,9 @@ the tasks' Sandboxes, PVCs and drains), one ``drainctl worker``, Redis and a Pos
 ledger are real, every setting the default. The tasks' daemon side is light: one real
 Celery worker (``bench.responder``) consumes every task's queue and answers drains and
 resumes from a session prepared on disk for each task, and a load generator sends each
-task's heartbeat as its consumer would (``fleet.Daemons``). No agent runs and no pod
-exists, so the machine's CPU goes to the control plane and to nothing a real cluster
-would run elsewhere.
+task's heartbeat as its consumer would (``fleet.Daemons``, each task from its creation).
+No agent runs and no pod exists, so the machine's CPU goes to the control plane and to
+nothing a real cluster would run elsewhere.
 
 For each N: N tasks are created and wait for ``Running`` (not timed); then every task is
 deleted at once (DELETEs from a thread pool, a watch opened before the first one sees
@@ -117,27 +117,6 @@ def transactions(engine: sa.Engine) -> int:
     return int(value or 0)
 
 
-class Heartbeats(Daemons):
-    """``fleet.Daemons`` for a fleet that changes while it runs: every interval, each task
-    whose daemon runs now sends its heartbeat, spread evenly over the interval."""
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            began = time.monotonic()
-            with self.lock:
-                names = list(self.tasks)
-            for index, name in enumerate(names, start=1):
-                at = began + self.interval * index / len(names)
-                if self.stopping.wait(max(0.0, at - time.monotonic())):
-                    return
-                with self.lock:
-                    if name not in self.tasks:
-                        continue
-                self.send(name)
-            if not names and self.stopping.wait(self.interval):
-                return
-
-
 class Peak(threading.Thread):
     """The largest RSS of a process, sampled every second."""
 
@@ -168,7 +147,7 @@ class Bench:
         self.ledger = ledger
         self.app = make_celery(BrokerSettings(broker_url=broker))
 
-    def create_tasks(self, names: list[str], daemons: Heartbeats) -> None:
+    def create_tasks(self, names: list[str], daemons: Daemons) -> None:
         def create(name: str) -> None:
             body = {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "CalibanTask",
@@ -197,7 +176,7 @@ class Bench:
                 said = time.monotonic()
             time.sleep(1.0)
 
-    def delete_tasks(self, names: list[str], daemons: Heartbeats) -> float:
+    def delete_tasks(self, names: list[str], daemons: Daemons) -> float:
         with daemons.lock:  # a deleted task's daemon says nothing more
             for name in names:
                 daemons.tasks.pop(name, None)
@@ -306,7 +285,7 @@ def run(quick: bool, root: Path, redis_port: int) -> Scenario:
     answering = Responder(root, [daemon_queue(NAMESPACE, n) for n in every], env)
     operator = Operator(root / "operator.log", env, free_port())
     settings = Settings()
-    daemons = Heartbeats(broker, settings.heartbeat_interval_secs)
+    daemons = Daemons(broker, settings.heartbeat_interval_secs)
     ledger = Ledger.from_url(url)
     results: list[dict[str, Any]] = []
     problems: list[str] = []

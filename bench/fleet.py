@@ -147,13 +147,18 @@ class Daemons(threading.Thread):
 
     def run(self) -> None:
         """Every task's first heartbeat at once (a daemon sends one as it starts), then
-        each again within every interval, spread evenly over it."""
+        each again within every interval, spread evenly over it; a task added meanwhile
+        joins at the next interval, one removed stops."""
         with self.lock:
             names = list(self.tasks)
         for name in names:
             self.send(name)
-        began = time.monotonic()
         while not self.stopping.is_set():
+            began = time.monotonic()
+            with self.lock:
+                names = list(self.tasks)
+            if not names and self.stopping.wait(self.interval):
+                return
             for index, name in enumerate(names, start=1):
                 at = began + self.interval * index / len(names)
                 if self.stopping.wait(max(0.0, at - time.monotonic())):
@@ -162,7 +167,6 @@ class Daemons(threading.Thread):
                     if name not in self.tasks:
                         continue
                 self.send(name)
-            began += self.interval
 
 
 def task_body(name: str, *, suspended: bool) -> dict[str, Any]:
